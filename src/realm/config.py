@@ -1,0 +1,106 @@
+"""Dataclass configs and the two presets.
+
+`cpu` is sized so every stage finishes in minutes on a 2-core laptop; `paper` holds the settings of
+Guu et al. (2020) and the released TF code (see docs/realm.md of the shared spec) for GPU runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+Pooling = Literal["cls", "mean"]
+Backend = Literal["flat", "hnsw", "ivfpq"]
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    # Block budget counts [CLS] title [SEP] body [SEP] (paper: 288 wordpieces).
+    max_block_tokens: int = 288
+    # A title longer than this share of the budget is cut so a body always fits.
+    max_title_tokens: int = 32
+
+
+@dataclass(frozen=True)
+class EncoderShape:
+    """BERT shape used when a tower is initialised at random (`--model random`)."""
+
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+
+
+@dataclass(frozen=True)
+class RetrieverConfig:
+    proj_dim: int = 128  # Embed_input / Embed_doc output size (paper: 128)
+    pooling: Pooling = "cls"  # paper: BERT_CLS; the MiniLM warm start wants "mean" (see README)
+    dropout: float = 0.1  # on the projection, in training only
+    query_max_tokens: int = 96  # pretraining query length (paper: 96)
+    shape: EncoderShape = field(default_factory=EncoderShape)
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    batch_size: int = 64
+    # bf16 weights on CPUs with native bf16 matmul (AVX-512 BF16 / AMX) or on GPUs; fp32 elsewhere.
+    compute_dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    storage_dtype: Literal["fp16", "fp32"] = "fp16"
+    shard_size: int = 50_000  # blocks per resumable shard
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    backend: Backend = "flat"
+    hnsw_m: int = 32
+    hnsw_ef_construction: int = 200
+    hnsw_ef_search: int = 256
+    ivf_nlist: int = 0  # 0: chosen from the corpus size (4 * sqrt(n))
+    ivf_nprobe: int = 32
+    pq_m: int = 32  # sub-quantisers (bytes per vector); lowered to a divisor of the dim
+    # ivfpq: fetch rerank x k candidates, then rescore them exactly from the stored (memory-mapped)
+    # embeddings, so scores are true inner products and recall recovers most of the PQ loss; 0 disables.
+    ivf_rerank: int = 4
+    keep_versions: int = 2  # published versions kept on disk (older ones are deleted)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    corpus: CorpusConfig
+    retriever: RetrieverConfig
+    embed: EmbedConfig
+    index: IndexConfig
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, Preset] = {
+    "cpu": Preset(
+        name="cpu",
+        corpus=CorpusConfig(max_block_tokens=128, max_title_tokens=24),
+        retriever=RetrieverConfig(
+            pooling="mean",
+            query_max_tokens=64,
+            shape=EncoderShape(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+        ),
+        embed=EmbedConfig(batch_size=64, compute_dtype="auto", shard_size=8192),
+        index=IndexConfig(),
+    ),
+    "paper": Preset(
+        name="paper",
+        corpus=CorpusConfig(max_block_tokens=288, max_title_tokens=32),
+        retriever=RetrieverConfig(pooling="cls", query_max_tokens=96, shape=EncoderShape()),
+        embed=EmbedConfig(batch_size=128, compute_dtype="auto", shard_size=500_000),
+        index=IndexConfig(),
+    ),
+}
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}") from None

@@ -1,0 +1,102 @@
+"""Open-QA answers and metrics: the spec's answer normalisation, answer matching, retrieval recall@k.
+
+Normalisation (as in ORQA/REALM and SQuAD): Unicode NFD, lowercase, drop punctuation, drop the articles
+a/an/the, collapse whitespace. Regex answers (CuratedTrec, files named *.regex.jsonl) match the raw
+NFD text case-insensitively; a pattern that does not compile is reported and never matches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from realm.search import SearchHit
+from realm.sources import open_text
+
+log = logging.getLogger(__name__)
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+
+
+@dataclass(frozen=True)
+class QAExample:
+    question: str
+    answers: tuple[str, ...]
+    regex: bool = False  # answers are regular expressions
+
+
+def normalize_answer(text: str) -> str:
+    text = unicodedata.normalize("NFD", text).lower()
+    text = "".join(ch for ch in text if not unicodedata.category(ch).startswith("P"))
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+@lru_cache(maxsize=65536)
+def _compile(pattern: str) -> re.Pattern | None:
+    """Compiled answer regex, or None for a broken one (it then never matches, as in DrQA/ORQA)."""
+    try:
+        return re.compile(pattern, flags=re.IGNORECASE | re.UNICODE | re.MULTILINE)
+    except re.error:
+        return None
+
+
+def has_answer(text: str, example: QAExample) -> bool:
+    """Does `text` contain a reference answer (as whole normalised tokens, or matching a regex)?"""
+    if example.regex:
+        raw = unicodedata.normalize("NFD", text)
+        return any((rx := _compile(pattern)) is not None and rx.search(raw) for pattern in example.answers)
+    padded = f" {normalize_answer(text)} "
+    return any(f" {answer} " in padded for answer in map(normalize_answer, example.answers) if answer)
+
+
+def is_exact_match(prediction: str, example: QAExample) -> bool:
+    """Exact match after normalisation (regex answers: the whole prediction must match)."""
+    if example.regex:
+        raw = unicodedata.normalize("NFD", prediction).strip()
+        return any((rx := _compile(pattern)) is not None and rx.fullmatch(raw) for pattern in example.answers)
+    prediction = normalize_answer(prediction)
+    return any(prediction == normalize_answer(answer) for answer in example.answers)
+
+
+def load_qa(path: str | Path) -> list[QAExample]:
+    """`{"question": str, "answer": [str, ...]}` per line; `*.regex.jsonl` marks regex answers."""
+    path = Path(path)
+    regex = path.name.endswith((".regex.jsonl", ".regex.jsonl.gz"))
+    examples = []
+    with open_text(path) as lines:
+        for lineno, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                question, answers = record["question"], record["answer"]
+                if isinstance(answers, str):
+                    answers = [answers]
+                if not isinstance(question, str) or not question.strip() or not answers \
+                        or not all(isinstance(a, str) for a in answers):
+                    raise ValueError("need a non-empty 'question' string and a list of 'answer' strings")
+                for pattern in answers if regex else ():
+                    if _compile(pattern) is None:
+                        log.warning("%s:%d: answer regex %r does not compile; it will never match", path, lineno, pattern)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+                raise ValueError(f"{path}:{lineno}: bad QA record: {err!r}") from err
+            examples.append(QAExample(question.strip(), tuple(answers), regex))
+    if not examples:
+        raise ValueError(f"{path}: no QA examples")
+    return examples
+
+
+def recall_at_k(examples: Sequence[QAExample], hits: Sequence[Sequence[SearchHit]], ks: Sequence[int]) -> dict[str, float]:
+    """Percent of questions with an answer-bearing block among the top k, for each k."""
+    if len(examples) != len(hits):
+        raise ValueError(f"{len(examples)} examples but {len(hits)} result lists")
+    first_hit = []  # rank (0-based) of the first answer-bearing block, or None
+    for example, row in zip(examples, hits):
+        first_hit.append(next((rank for rank, hit in enumerate(row) if has_answer(hit.text, example)), None))
+    return {f"recall@{k}": 100.0 * sum(r is not None and r < k for r in first_hit) / len(examples) for k in ks}

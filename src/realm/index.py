@@ -1,0 +1,274 @@
+"""The MIPS index over Embed_doc(z) for every block z, versioned and published atomically.
+
+Layout of an index folder:
+    CURRENT                   name of the live version, replaced atomically (the commit point)
+    versions/v000007/         one complete, immutable version
+        meta.json             fingerprints (document tower, corpus), dims, count, backend, parameters
+        embeddings.npy        (N, D) fp16 by default: what a refresh or a new backend reuses
+        block_ids.npy         (N,) int64: row -> block id
+        index.faiss           the faiss index (faiss' own format; no pickle)
+    building/                 resumable shards of a build in progress (deleted once published)
+
+A version is written under a temporary name and renamed when complete; CURRENT is switched only
+afterwards. A reader follows CURRENT, so it never sees a half-written index, and an interrupted
+build leaves the previous version live.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+from tqdm import tqdm
+
+from realm.config import EmbedConfig, IndexConfig, RetrieverConfig
+from realm.corpus import BlockStore
+from realm.embed import BlockEmbedder
+from realm.io import fsync_dir, save_npy_atomic, write_atomic, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+CURRENT = "CURRENT"
+VERSIONS = "versions"
+BUILDING = "building"
+
+
+class MipsIndexError(RuntimeError):
+    """A missing, corrupt or mismatched index."""
+
+
+@dataclass(frozen=True)
+class IndexMeta:
+    format_version: int
+    version: int
+    doc_tower_fingerprint: str
+    corpus_fingerprint: str
+    corpus_path: str  # relative to the index folder when possible, so both can move together
+    num_vectors: int
+    dim: int
+    backend: str
+    params: dict
+    retriever: dict  # the RetrieverConfig of the model that built it (pooling, sizes)
+    storage_dtype: str
+    embed_seconds: float
+    build_seconds: float
+    created: float
+
+
+# -- faiss ----------------------------------------------------------------------------------------
+def build_faiss(vectors: np.ndarray, config: IndexConfig) -> tuple[faiss.Index, dict]:
+    """Build the chosen backend over (N, D) float32 vectors; returns the index and its parameters."""
+    n, dim = vectors.shape
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if config.backend == "flat":
+        index = faiss.IndexFlatIP(dim)
+        params: dict = {}
+    elif config.backend == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, config.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = config.hnsw_ef_construction
+        params = {"m": config.hnsw_m, "ef_construction": config.hnsw_ef_construction, "ef_search": config.hnsw_ef_search}
+    elif config.backend == "ivfpq":
+        pq_m = max(m for m in range(1, config.pq_m + 1) if dim % m == 0)  # sub-quantisers must divide dim
+        nlist = config.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
+        nbits = max(1, min(8, int(math.log2(max(2, n // 4)))))  # PQ needs >= 2**nbits training points
+        index = faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, nlist, pq_m, nbits, faiss.METRIC_INNER_PRODUCT)
+        sample = vectors
+        if n > 256 * nlist:
+            sample = vectors[np.random.default_rng(0).choice(n, 256 * nlist, replace=False)]
+        index.train(sample)
+        params = {"nlist": nlist, "nprobe": min(config.ivf_nprobe, nlist), "pq_m": pq_m, "nbits": nbits,
+                  "rerank": config.ivf_rerank}
+    else:
+        raise ValueError(f"unknown index backend {config.backend!r}; choose flat, hnsw or ivfpq")
+    index.add(vectors)
+    return index, params
+
+
+def configure_search(index: faiss.Index, backend: str, params: dict) -> None:
+    if backend == "hnsw":
+        index.hnsw.efSearch = params["ef_search"]
+    elif backend == "ivfpq":
+        index.nprobe = params["nprobe"]
+
+
+# -- embedding the corpus, resumably --------------------------------------------------------------
+def embed_corpus(store: BlockStore, embedder: BlockEmbedder, doc_fingerprint: str, work_dir: Path,
+                 embed_config: EmbedConfig, progress: bool = True) -> np.ndarray:
+    """(N, D) float32 embeddings of every block, saved shard by shard under `work_dir` so that an
+    interrupted build resumes where it stopped (only with the same tower, corpus and dtypes)."""
+    manifest = {"doc_tower_fingerprint": doc_fingerprint, "corpus_fingerprint": store.fingerprint,
+                "shard_size": embed_config.shard_size, "storage_dtype": embed_config.storage_dtype,
+                "compute_dtype": str(embedder.dtype)}
+    manifest_path = work_dir / "manifest.json"
+    if manifest_path.exists() and json.loads(manifest_path.read_text()) != manifest:
+        log.info("discarding shards of an earlier build with other settings in %s", work_dir)
+        shutil.rmtree(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(manifest_path, manifest)
+
+    n, size = len(store), embed_config.shard_size
+    storage = np.float16 if embed_config.storage_dtype == "fp16" else np.float32
+    shards = []
+    with tqdm(total=n, desc="embedding blocks", unit="block", disable=not progress, smoothing=0.05) as bar:
+        for number, start in enumerate(range(0, n, size)):
+            path = work_dir / f"shard_{number:05d}.npy"
+            stop = min(start + size, n)
+            if path.exists():
+                shard = np.load(path)
+                if shard.shape[0] != stop - start:
+                    raise MipsIndexError(f"{path}: {shard.shape[0]} rows, expected {stop - start}; delete {work_dir}")
+                bar.update(stop - start)
+            else:
+                titles, bodies = store.slice(start, stop)
+                shard = embedder.embed(titles, bodies, on_batch=bar.update).astype(storage)
+                save_npy_atomic(path, shard)
+            shards.append(shard)
+    return np.concatenate(shards).astype(np.float32)
+
+
+# -- publishing -----------------------------------------------------------------------------------
+def _versions(index_dir: Path) -> list[int]:
+    folder = index_dir / VERSIONS
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name[1:]) for p in folder.iterdir() if p.name.startswith("v") and p.name[1:].isdigit())
+
+
+def current_version(index_dir: Path) -> int | None:
+    pointer = Path(index_dir) / CURRENT
+    if not pointer.exists():
+        return None
+    return int(pointer.read_text().strip().lstrip("v"))
+
+
+def publish(index_dir: Path, embeddings: np.ndarray, block_ids: np.ndarray, index: faiss.Index,
+            meta_fields: dict, keep_versions: int) -> IndexMeta:
+    """Write a complete new version, then switch CURRENT to it; prune versions beyond `keep_versions`."""
+    versions_dir = index_dir / VERSIONS
+    versions_dir.mkdir(parents=True, exist_ok=True)
+    tmp = versions_dir / f".partial-{os.getpid()}-{time.monotonic_ns()}"
+    tmp.mkdir()
+    try:
+        np.save(tmp / "embeddings.npy", embeddings)
+        np.save(tmp / "block_ids.npy", block_ids.astype(np.int64))
+        faiss.write_index(index, str(tmp / "index.faiss"))
+        while True:  # claim the next version number; rename fails if another writer took it
+            version = max(_versions(index_dir), default=0) + 1
+            meta = IndexMeta(format_version=FORMAT_VERSION, version=version, created=time.time(), **meta_fields)
+            (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=2) + "\n")
+            for name in os.listdir(tmp):
+                with open(tmp / name, "rb") as handle:
+                    os.fsync(handle.fileno())
+            try:
+                os.rename(tmp, versions_dir / f"v{version:06d}")
+                break
+            except OSError:
+                continue
+        fsync_dir(versions_dir)
+        write_atomic(index_dir / CURRENT, lambda p: p.write_text(f"v{version:06d}\n"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for old in _versions(index_dir)[:-keep_versions]:
+        if old != version:
+            shutil.rmtree(versions_dir / f"v{old:06d}", ignore_errors=True)
+    return meta
+
+
+def build_index(store: BlockStore, embedder: BlockEmbedder, doc_fingerprint: str, index_dir: Path,
+                embed_config: EmbedConfig, index_config: IndexConfig, retriever_config: RetrieverConfig,
+                progress: bool = True) -> IndexMeta:
+    """Embed every block of `store` and publish a new index version at `index_dir`."""
+    index_dir = Path(index_dir)
+    if index_dir.exists() and any(index_dir.iterdir()) and not (index_dir / VERSIONS).exists() \
+            and not (index_dir / BUILDING).exists():
+        raise FileExistsError(f"{index_dir} exists and is not an index folder; refusing to write into it")
+    index_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    embeddings = embed_corpus(store, embedder, doc_fingerprint, index_dir / BUILDING, embed_config, progress)
+    embed_seconds = time.monotonic() - started
+    index, params = build_faiss(embeddings, index_config)
+    storage = np.float16 if embed_config.storage_dtype == "fp16" else np.float32
+    try:
+        corpus_path = os.path.relpath(store.folder.resolve(), index_dir.resolve())
+    except ValueError:  # different drives on Windows
+        corpus_path = str(store.folder.resolve())
+    meta = publish(
+        index_dir, embeddings.astype(storage), np.arange(len(store), dtype=np.int64), index,
+        dict(doc_tower_fingerprint=doc_fingerprint, corpus_fingerprint=store.fingerprint, corpus_path=corpus_path,
+             num_vectors=len(store), dim=int(embeddings.shape[1]), backend=index_config.backend, params=params,
+             retriever={k: v for k, v in asdict(retriever_config).items() if k != "shape"},
+             storage_dtype=embed_config.storage_dtype, embed_seconds=round(embed_seconds, 1),
+             build_seconds=round(time.monotonic() - started, 1)),
+        index_config.keep_versions,
+    )
+    shutil.rmtree(index_dir / BUILDING, ignore_errors=True)
+    return meta
+
+
+# -- reading --------------------------------------------------------------------------------------
+class MipsIndex:
+    """One published version of an index, loaded in memory."""
+
+    def __init__(self, index_dir: str | Path, version: int | None = None):
+        self.index_dir = Path(index_dir)
+        version = version if version is not None else current_version(self.index_dir)
+        if version is None:
+            raise MipsIndexError(f"{self.index_dir}: no published index (no {CURRENT}); build one with `realm index build`")
+        folder = self.index_dir / VERSIONS / f"v{version:06d}"
+        try:
+            self.meta = IndexMeta(**json.loads((folder / "meta.json").read_text()))
+            self.index = faiss.read_index(str(folder / "index.faiss"))
+            self.block_ids = np.load(folder / "block_ids.npy")
+        except (FileNotFoundError, json.JSONDecodeError, TypeError, RuntimeError) as err:
+            raise MipsIndexError(f"{folder}: unreadable index version: {err}") from err
+        if self.index.ntotal != self.meta.num_vectors or len(self.block_ids) != self.meta.num_vectors:
+            raise MipsIndexError(f"{folder}: {self.index.ntotal} vectors, metadata says {self.meta.num_vectors}")
+        configure_search(self.index, self.meta.backend, self.meta.params)
+        self.folder = folder
+
+    @property
+    def version(self) -> int:
+        return self.meta.version
+
+    def embeddings(self) -> np.ndarray:
+        return np.load(self.folder / "embeddings.npy", mmap_mode="r")
+
+    def corpus(self, override: str | Path | None = None) -> BlockStore:
+        """The corpus this index was built from (or `override`), checked against the recorded fingerprint."""
+        path = Path(override) if override else self.index_dir / self.meta.corpus_path
+        store = BlockStore(path)
+        if store.fingerprint != self.meta.corpus_fingerprint:
+            raise MipsIndexError(f"corpus {path} has fingerprint {store.fingerprint} but index {self.index_dir} was "
+                              f"built from {self.meta.corpus_fingerprint}; rebuild the index")
+        return store
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(Q, D) float32 -> scores (Q, k) and block ids (Q, k), best first; -1 ids pad short results."""
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        k = min(k, self.meta.num_vectors)
+        rerank = self.meta.params.get("rerank", 0)
+        if rerank:
+            scores, rows = self._rerank(queries, *self.index.search(queries, min(k * rerank, self.meta.num_vectors)), k)
+        else:
+            scores, rows = self.index.search(queries, k)
+        ids = np.where(rows >= 0, self.block_ids[np.clip(rows, 0, None)], -1)
+        return scores, ids
+
+    def _rerank(self, queries: np.ndarray, _: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact inner products for the approximate candidates, read from the memory-mapped embeddings."""
+        stored = self.embeddings()
+        safe = np.clip(rows, 0, None)
+        vectors = stored[safe.ravel()].astype(np.float32).reshape(*rows.shape, -1)  # (Q, C, D)
+        exact = np.einsum("qcd,qd->qc", vectors, queries)
+        exact[rows < 0] = -np.inf
+        order = np.argsort(-exact, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(exact, order, 1), np.take_along_axis(rows, order, 1)

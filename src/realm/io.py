@@ -1,0 +1,54 @@
+"""Atomic file writes: write to a temporary sibling, fsync, then rename over the target."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Call `write(tmp_path)`, then rename tmp_path to `path`: readers see the old file or the new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; others on a shared filesystem must read them
+    try:
+        write(Path(tmp))
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def write_json_atomic(path: Path, obj: object) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n"))
+
+
+def save_npy_atomic(path: Path, array: np.ndarray) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:  # a file object: np.save would append ".npy" to a path
+            np.save(handle, array)
+
+    write_atomic(path, write)

@@ -1,0 +1,201 @@
+"""The REALM retriever: a query tower and a document tower, each BERT -> pool -> dense -> LayerNorm.
+
+    Embed_input(x) = LayerNorm(W_input · BERT_pool([CLS] x [SEP]))                 # (B, 128)
+    Embed_doc(z)   = LayerNorm(W_doc   · BERT_pool([CLS] title [SEP] body [SEP]))  # (B, 128)
+    f(x, z)        = Embed_input(x) · Embed_doc(z)
+    p(z | x)       = softmax_z f(x, z)
+
+The paper pools with [CLS]. all-MiniLM-L6-v2, our warm start, was trained with *mean* pooling and
+cosine similarity, so its [CLS] vector carries little meaning until trained; the cpu preset pools by
+mean. The warm-start projection is one random orthogonal map shared by both towers (each tower keeps
+its own copy): inner products of LayerNorm'd orthogonal projections approximate MiniLM's cosine
+similarity (Johnson-Lindenstrauss), so the untrained retriever already retrieves sensibly.
+
+A checkpoint is a folder:
+    realm.json                      format version, RetrieverConfig
+    vocab.txt, tokenizer.json, ...  the WordPiece tokenizer
+    query_tower/  doc_tower/        each a plain Hugging Face BertModel (config.json + model.safetensors)
+                                    plus projection.safetensors (dense + LayerNorm)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
+
+from realm.config import EncoderShape, RetrieverConfig
+from realm.io import fsync_dir
+from realm.tokenization import MINILM, load_tokenizer, minilm_dir
+
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_META = "realm.json"
+TOWERS = ("query_tower", "doc_tower")
+PROJECTION_FILE = "projection.safetensors"
+WARM_START_SEED = 20200210  # fixed so `--model minilm` always means the same retriever (and fingerprint)
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """(B, L, H) -> (B, H): the [CLS] vector, or the mean over non-padding positions."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, L, 1)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+
+class Tower(nn.Module):
+    """One embedder: BERT, pooling, then dense -> LayerNorm to `proj_dim`."""
+
+    def __init__(self, bert: BertModel, proj_dim: int, pooling: str, dropout: float):
+        super().__init__()
+        self.bert = bert
+        self.pooling = pooling
+        self.dropout = nn.Dropout(dropout)
+        self.projection = nn.Linear(bert.config.hidden_size, proj_dim)
+        self.layer_norm = nn.LayerNorm(proj_dim)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+        pooled = pool(hidden, attention_mask, self.pooling)  # (B, H)
+        return self.layer_norm(self.projection(self.dropout(pooled)))  # (B, D)
+
+    def projection_state(self) -> dict[str, torch.Tensor]:
+        return {f"projection.{k}": v for k, v in self.projection.state_dict().items()} | {
+            f"layer_norm.{k}": v for k, v in self.layer_norm.state_dict().items()
+        }
+
+    def load_projection_state(self, state: dict[str, torch.Tensor]) -> None:
+        for prefix, module in (("projection.", self.projection), ("layer_norm.", self.layer_norm)):
+            module.load_state_dict({k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)})
+
+    def fingerprint(self) -> str:
+        """Hash of everything that decides this tower's embeddings: weights and pooling."""
+        digest = hashlib.sha256(self.pooling.encode())
+        state = {f"bert.{k}": v for k, v in self.bert.state_dict().items()} | self.projection_state()
+        for name in sorted(state):
+            tensor = state[name].detach().to("cpu", torch.float32).contiguous()
+            digest.update(name.encode() + str(tuple(tensor.shape)).encode())
+            digest.update(tensor.numpy().tobytes())
+        return digest.hexdigest()[:16]
+
+
+def _bert_from(folder: Path) -> BertModel:
+    return BertModel.from_pretrained(str(folder), add_pooling_layer=False, attn_implementation="sdpa")
+
+
+def _random_bert(shape: EncoderShape, vocab_size: int, seed: int) -> BertModel:
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=512,
+    )
+    return BertModel(config, add_pooling_layer=False)
+
+
+class Retriever(nn.Module):
+    """Query tower (Embed_input) and document tower (Embed_doc), with their tokenizer and config."""
+
+    def __init__(self, query_tower: Tower, doc_tower: Tower, tokenizer: PreTrainedTokenizerBase, config: RetrieverConfig):
+        super().__init__()
+        self.query_tower = query_tower
+        self.doc_tower = doc_tower
+        self.tokenizer = tokenizer
+        self.config = config
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def warm_start(cls, bert: BertModel, tokenizer: PreTrainedTokenizerBase, config: RetrieverConfig) -> Retriever:
+        """Both towers from the same BERT, with one shared random orthogonal projection (see module doc)."""
+        generator = torch.Generator().manual_seed(WARM_START_SEED)
+        query = Tower(bert, config.proj_dim, config.pooling, config.dropout)
+        nn.init.orthogonal_(query.projection.weight, generator=generator)
+        nn.init.zeros_(query.projection.bias)
+        doc = copy.deepcopy(query)
+        return cls(query, doc, tokenizer, config)
+
+    @classmethod
+    def load(cls, spec: str, config: RetrieverConfig) -> Retriever:
+        """`minilm`, `random` (the preset's BERT shape), a REALM checkpoint folder, or a BERT folder.
+
+        A checkpoint carries its own RetrieverConfig, which wins over `config`."""
+        if spec == MINILM:
+            folder = minilm_dir()
+            return cls.warm_start(_bert_from(folder), load_tokenizer(folder), config)
+        if spec == "random":
+            tokenizer = load_tokenizer(minilm_dir())
+            return cls.warm_start(_random_bert(config.shape, len(tokenizer), WARM_START_SEED), tokenizer, config)
+        folder = Path(spec)
+        if (folder / CHECKPOINT_META).is_file():
+            return cls._load_checkpoint(folder)
+        if (folder / "config.json").is_file():
+            return cls.warm_start(_bert_from(folder), load_tokenizer(folder), config)
+        raise FileNotFoundError(
+            f"unknown model {spec!r}: expected 'minilm', 'random', a REALM checkpoint folder "
+            f"(with {CHECKPOINT_META}) or a Hugging Face BERT folder (with config.json)"
+        )
+
+    @classmethod
+    def _load_checkpoint(cls, folder: Path) -> Retriever:
+        meta = json.loads((folder / CHECKPOINT_META).read_text())
+        if meta.get("format_version") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{folder}: checkpoint format {meta.get('format_version')}, expected {CHECKPOINT_FORMAT}")
+        raw = dict(meta["retriever"])
+        raw["shape"] = EncoderShape(**raw["shape"])
+        config = RetrieverConfig(**raw)
+        towers = []
+        for name in TOWERS:
+            tower = Tower(_bert_from(folder / name), config.proj_dim, config.pooling, config.dropout)
+            tower.load_projection_state(load_file(folder / name / PROJECTION_FILE))
+            towers.append(tower)
+        return cls(towers[0], towers[1], load_tokenizer(folder), config)
+
+    def save(self, folder: str | Path) -> None:
+        """Write the checkpoint to a temporary sibling and swap it in, so a crash never leaves half a checkpoint."""
+        folder = Path(folder)
+        tmp = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.tokenizer.save_pretrained(str(tmp))
+        for name in TOWERS:
+            tower: Tower = getattr(self, name)
+            tower.bert.save_pretrained(str(tmp / name))
+            save_file({k: v.contiguous() for k, v in tower.projection_state().items()}, tmp / name / PROJECTION_FILE)
+        meta = {"format_version": CHECKPOINT_FORMAT, "retriever": dataclasses.asdict(self.config),
+                "doc_tower_fingerprint": self.doc_tower.fingerprint()}
+        (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2) + "\n")
+        old = folder.with_name(folder.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if folder.exists():
+            folder.rename(old)
+        tmp.rename(folder)
+        fsync_dir(folder.parent)
+        shutil.rmtree(old, ignore_errors=True)
+
+    # -- inference ----------------------------------------------------------------------------
+    def doc_fingerprint(self) -> str:
+        return self.doc_tower.fingerprint()
+
+    def encode_queries(self, queries: list[str]) -> dict[str, torch.Tensor]:
+        """[CLS] x [SEP], padded to the longest query (at most query_max_tokens)."""
+        return dict(self.tokenizer(queries, padding=True, truncation=True, max_length=self.config.query_max_tokens,
+                                   return_tensors="pt", return_token_type_ids=True))
+
+    @torch.inference_mode()
+    def embed_queries(self, queries: list[str], batch_size: int = 128) -> torch.Tensor:
+        """(Q, D) float32 query embeddings."""
+        self.query_tower.eval()
+        parts = [self.query_tower(**self.encode_queries(queries[i : i + batch_size])).float()
+                 for i in range(0, len(queries), batch_size)]
+        return torch.cat(parts) if parts else torch.empty(0, self.config.proj_dim)

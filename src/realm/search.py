@@ -1,0 +1,91 @@
+"""Typed search over a knowledge corpus: the dense REALM retriever, and BM25 as the sparse baseline.
+
+Both searchers answer `search(query, k)` and `batch_search(queries, k)` with `SearchHit`s, best first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import bm25s
+import numpy as np
+
+from realm.corpus import BlockStore
+from realm.index import MipsIndex, MipsIndexError
+from realm.retriever import Retriever
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    block_id: int
+    doc_id: str
+    score: float
+    title: str
+    text: str
+
+
+class Searcher(Protocol):
+    def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]: ...
+
+    def search(self, query: str, k: int) -> list[SearchHit]: ...
+
+
+def _hits(store: BlockStore, scores: np.ndarray, ids: np.ndarray) -> list[list[SearchHit]]:
+    """(Q, k) scores and block ids -> hits with titles and text (one Arrow take for the whole batch)."""
+    valid = ids >= 0
+    blocks = iter(store.take(ids[valid].tolist()))
+    out: list[list[SearchHit]] = []
+    for row_scores, row_ids, row_valid in zip(scores, ids, valid):
+        row = []
+        for score, block_id, ok in zip(row_scores, row_ids, row_valid):
+            if ok:
+                block = next(blocks)
+                row.append(SearchHit(int(block_id), block.doc_id, float(score), block.title, block.body))
+        out.append(row)
+    return out
+
+
+class DenseSearcher:
+    """MIPS over Embed_doc with queries embedded by Embed_input; refuses an index built by another doc tower."""
+
+    def __init__(self, index: MipsIndex, retriever: Retriever, corpus: BlockStore | None = None):
+        fingerprint = retriever.doc_fingerprint()
+        if fingerprint != index.meta.doc_tower_fingerprint:
+            raise MipsIndexError(
+                f"the model's document tower (fingerprint {fingerprint}) is not the one that built index "
+                f"{index.index_dir} ({index.meta.doc_tower_fingerprint}): its scores would be meaningless. "
+                "Search with the model that built the index, or rebuild the index with this model."
+            )
+        self.index = index
+        self.retriever = retriever
+        self.store = corpus or index.corpus()
+
+    def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
+        vectors = self.retriever.embed_queries(queries).numpy()  # (Q, D)
+        scores, ids = self.index.search(vectors, k)
+        return _hits(self.store, scores, ids)
+
+    def search(self, query: str, k: int) -> list[SearchHit]:
+        return self.batch_search([query], k)[0]
+
+
+class BM25Searcher:
+    """Okapi BM25 (bm25s, English stopwords) over `title + body` of the same blocks."""
+
+    def __init__(self, store: BlockStore):
+        self.store = store
+        titles, bodies = store.slice(0, len(store))
+        tokens = bm25s.tokenize([f"{t}\n{b}" for t, b in zip(titles, bodies)], stopwords="en", show_progress=False)
+        self.model = bm25s.BM25()
+        self.model.index(tokens, show_progress=False)
+
+    def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
+        k = min(k, len(self.store))
+        tokens = bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
+        ids, scores = self.model.retrieve(tokens, k=k, show_progress=False, n_threads=0)
+        ids = np.where(scores > 0, ids, -1)  # a block sharing no term with the query is not a hit
+        return _hits(self.store, scores, ids)
+
+    def search(self, query: str, k: int) -> list[SearchHit]:
+        return self.batch_search([query], k)[0]

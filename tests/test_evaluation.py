@@ -1,0 +1,80 @@
+"""Answer normalisation, answer matching (plain and regex), QA file loading, recall@k."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SHARED_DATA
+
+from realm.evaluation import QAExample, has_answer, is_exact_match, load_qa, normalize_answer, recall_at_k
+from realm.search import SearchHit
+
+
+@pytest.mark.parametrize(
+    "raw, normalised",
+    [
+        ("The Eiffel Tower!", "eiffel tower"),
+        ("  a  cat, an owl;  THE end. ", "cat owl end"),
+        ("Café", "cafe\u0301"),  # NFD splits the accent off; the base letter is kept
+        ("“Quoted” — dash", "quoted dash"),  # Unicode punctuation goes too
+        ("theatre", "theatre"),  # articles only as whole words
+        ("24–10", "2410"),
+    ],
+)
+def test_normalize_answer(raw, normalised):
+    assert normalize_answer(raw) == normalised
+
+
+def test_has_answer_matches_whole_normalised_tokens():
+    example = QAExample("q", ("Denver Broncos", "The Broncos"))
+    assert has_answer("The Denver Broncos defeated the Panthers.", example)
+    assert has_answer("...won by the broncos!", example)
+    assert not has_answer("The Broncosaurus is not a team.", example)
+    assert not has_answer("Denver is a city.", example)
+
+
+def test_has_answer_regex():
+    example = QAExample("q", (r"Long Island|New\s?York|Roosevelt Field",), regex=True)
+    assert has_answer("He took off from Roosevelt Field.", example)
+    assert has_answer("flights from NEWYORK", example)  # case-insensitive
+    assert not has_answer("He landed in Paris.", example)
+
+
+def test_exact_match():
+    assert is_exact_match("the Denver Broncos.", QAExample("q", ("Denver Broncos",)))
+    assert not is_exact_match("Broncos", QAExample("q", ("Denver Broncos",)))
+    assert is_exact_match("September", QAExample("q", (r"Sept?(ember)?|Feb(ruary)?",), regex=True))
+    assert not is_exact_match("September 5", QAExample("q", (r"Sept?(ember)?|Feb(ruary)?",), regex=True))
+
+
+def _hit(text: str) -> SearchHit:
+    return SearchHit(0, "d", 1.0, "t", text)
+
+
+def test_recall_at_k():
+    examples = [QAExample("q1", ("Paris",)), QAExample("q2", ("Nile",)), QAExample("q3", ("Bach",))]
+    hits = [
+        [_hit("Paris is in France"), _hit("x")],  # first-rank hit
+        [_hit("x"), _hit("y"), _hit("The Nile flows north")],  # third-rank hit
+        [_hit("nothing here")],  # miss
+    ]
+    assert recall_at_k(examples, hits, [1, 3, 10]) == pytest.approx(
+        {"recall@1": 100 / 3, "recall@3": 200 / 3, "recall@10": 200 / 3})
+    with pytest.raises(ValueError):
+        recall_at_k(examples, hits[:2], [1])
+
+
+def test_load_qa_files(tmp_path, caplog):
+    regex = load_qa(SHARED_DATA / "qa" / "curatedtrec_train.regex.jsonl")
+    assert len(regex) == 1486 and all(e.regex for e in regex)
+    plain = load_qa(SHARED_DATA / "qa" / "squad_open_dev.jsonl")
+    assert len(plain) == 1496 and not any(e.regex for e in plain)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "ok?", "answer": ["yes"]}\n{"question": "no answer"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+        load_qa(bad)
+    # CuratedTrec ships one pattern with a trailing backslash: reported, kept, and never matching.
+    bad_regex = tmp_path / "bad.regex.jsonl"
+    bad_regex.write_text('{"question": "q", "answer": ["(unclosed", "Paris"]}\n')
+    (example,) = load_qa(bad_regex)
+    assert "bad.regex.jsonl:1" in caplog.text and "does not compile" in caplog.text
+    assert has_answer("Paris, France", example) and not has_answer("(unclosed", example)

@@ -1,0 +1,193 @@
+"""MIPS index: build, atomic publish, resume, backends against exact search, fingerprint checks, search API."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from conftest import TINY_EMBED, TINY_RETRIEVER
+
+from realm.config import IndexConfig
+from realm.embed import BlockEmbedder
+from realm.index import BUILDING, CURRENT, MipsIndex, MipsIndexError, build_faiss, build_index, current_version, publish
+from realm.retriever import Retriever
+from realm.search import BM25Searcher, DenseSearcher, SearchHit
+
+
+def _build(store, retriever, index_dir, **index_changes):
+    embedder = BlockEmbedder(retriever.doc_tower, retriever.tokenizer, store.config, TINY_EMBED)
+    config = dataclasses.replace(IndexConfig(), **index_changes)
+    return build_index(store, embedder, retriever.doc_fingerprint(), index_dir, TINY_EMBED, config,
+                       retriever.config, progress=False)
+
+
+def test_build_search_and_reopen(tmp_path, tiny_corpus, tiny_retriever):
+    meta = _build(tiny_corpus, tiny_retriever, tmp_path / "index")
+    assert (meta.version, meta.num_vectors, meta.dim, meta.backend) == (1, len(tiny_corpus), 16, "flat")
+    assert meta.corpus_fingerprint == tiny_corpus.fingerprint
+    assert meta.doc_tower_fingerprint == tiny_retriever.doc_fingerprint()
+    assert not (tmp_path / "index" / BUILDING).exists()
+    index = MipsIndex(tmp_path / "index")
+    searcher = DenseSearcher(index, tiny_retriever)  # finds the corpus through the index's metadata
+    hits = searcher.search("capital of France", 3)
+    assert len(hits) == 3 and all(isinstance(h, SearchHit) for h in hits)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    # Scores are the inner products f(x, z) of the towers' embeddings.
+    q = tiny_retriever.embed_queries(["capital of France"]).numpy()[0]
+    stored = index.embeddings()
+    for hit in hits:
+        assert hit.score == pytest.approx(float(stored[hit.block_id].astype(np.float32) @ q), abs=1e-4)
+        block = tiny_corpus.take([hit.block_id])[0]
+        assert (hit.title, hit.text, hit.doc_id) == (block.title, block.body, block.doc_id)
+    batch = searcher.batch_search(["capital of France", "river in Africa"], 2)
+    assert [h.block_id for h in batch[0]] == [h.block_id for h in hits[:2]]
+
+
+def test_k_larger_than_corpus(tmp_path, tiny_corpus, tiny_retriever):
+    _build(tiny_corpus, tiny_retriever, tmp_path / "index")
+    hits = DenseSearcher(MipsIndex(tmp_path / "index"), tiny_retriever).search("moon", 1000)
+    assert sorted(h.block_id for h in hits) == list(range(len(tiny_corpus)))
+
+
+def test_other_doc_tower_is_refused(tmp_path, tiny_corpus, tiny_retriever):
+    _build(tiny_corpus, tiny_retriever, tmp_path / "index")
+    other = Retriever.load("random", dataclasses.replace(TINY_RETRIEVER, pooling="cls"))
+    with pytest.raises(MipsIndexError, match="document tower"):
+        DenseSearcher(MipsIndex(tmp_path / "index"), other)
+
+
+def test_query_tower_change_is_accepted(tmp_path, tiny_corpus):
+    import torch
+
+    retriever = Retriever.load("random", TINY_RETRIEVER)
+    _build(tiny_corpus, retriever, tmp_path / "index")
+    with torch.no_grad():
+        retriever.query_tower.projection.weight.mul_(0.5)  # what fine-tuning does
+    assert DenseSearcher(MipsIndex(tmp_path / "index"), retriever).search("moon", 1)
+
+
+def test_changed_corpus_is_refused(tmp_path, tiny_corpus, tiny_retriever, docs_file, tokenizer):
+    from realm.corpus import build_corpus
+
+    _build(tiny_corpus, tiny_retriever, tmp_path / "index")
+    with open(docs_file, "a") as handle:
+        handle.write(json.dumps({"id": "new", "title": "New", "text": "A new document."}) + "\n")
+    build_corpus([str(docs_file)], tiny_corpus.folder, tokenizer, tiny_corpus.config, progress=False)
+    with pytest.raises(MipsIndexError, match="fingerprint"):
+        MipsIndex(tmp_path / "index").corpus()
+
+
+def test_interrupted_build_leaves_previous_index_usable_and_resumes(tmp_path, tiny_corpus, tiny_retriever, monkeypatch):
+    index_dir = tmp_path / "index"
+    _build(tiny_corpus, tiny_retriever, index_dir)
+    expected = DenseSearcher(MipsIndex(index_dir), tiny_retriever).search("Bach composer", 3)
+
+    # A second build with another model dies after two shards have been embedded.
+    other = Retriever.load("random", dataclasses.replace(TINY_RETRIEVER, pooling="cls"))
+    calls = {"n": 0}
+    original = BlockEmbedder.embed
+
+    def dying_embed(self, titles, bodies, on_batch=None):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("killed")
+        return original(self, titles, bodies, on_batch)
+
+    monkeypatch.setattr(BlockEmbedder, "embed", dying_embed)
+    with pytest.raises(KeyboardInterrupt):
+        _build(tiny_corpus, other, index_dir)
+    assert current_version(index_dir) == 1
+    assert DenseSearcher(MipsIndex(index_dir), tiny_retriever).search("Bach composer", 3) == expected
+    assert len(list((index_dir / BUILDING).glob("shard_*.npy"))) == 2
+
+    # Resuming embeds only the missing shards and publishes version 2.
+    calls["n"] = -100
+    meta = _build(tiny_corpus, other, index_dir)
+    assert calls["n"] == -100 + (len(tiny_corpus) + TINY_EMBED.shard_size - 1) // TINY_EMBED.shard_size - 2
+    assert meta.version == 2 and current_version(index_dir) == 2
+    fresh = _build(tiny_corpus, other, tmp_path / "fresh")
+    assert np.array_equal(MipsIndex(index_dir).embeddings(), MipsIndex(tmp_path / "fresh").embeddings())
+    assert fresh.doc_tower_fingerprint == meta.doc_tower_fingerprint
+
+
+def test_half_written_version_is_never_read(tmp_path, tiny_corpus, tiny_retriever):
+    index_dir = tmp_path / "index"
+    _build(tiny_corpus, tiny_retriever, index_dir)
+    # A crashed writer leaves a partial folder behind; readers keep following CURRENT.
+    partial = index_dir / "versions" / ".partial-123-456"
+    partial.mkdir()
+    (partial / "index.faiss").write_bytes(b"garbage")
+    assert MipsIndex(index_dir).version == 1
+    _build(tiny_corpus, tiny_retriever, index_dir)
+    assert MipsIndex(index_dir).version == 2
+
+
+def test_old_versions_are_pruned(tmp_path, tiny_corpus, tiny_retriever):
+    index_dir = tmp_path / "index"
+    for _ in range(4):
+        _build(tiny_corpus, tiny_retriever, index_dir, keep_versions=2)
+    assert sorted(p.name for p in (index_dir / "versions").iterdir()) == ["v000003", "v000004"]
+    assert (index_dir / CURRENT).read_text().strip() == "v000004"
+
+
+def test_missing_and_corrupt_index_are_clear_errors(tmp_path, tiny_corpus, tiny_retriever):
+    with pytest.raises(MipsIndexError, match="no published index"):
+        MipsIndex(tmp_path / "nothing")
+    _build(tiny_corpus, tiny_retriever, tmp_path / "index")
+    (tmp_path / "index" / "versions" / "v000001" / "index.faiss").write_bytes(b"truncated")
+    with pytest.raises(MipsIndexError, match="unreadable"):
+        MipsIndex(tmp_path / "index")
+
+
+def test_refuses_foreign_output_folder(tmp_path, tiny_corpus, tiny_retriever):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("keep me")
+    with pytest.raises(FileExistsError):
+        _build(tiny_corpus, tiny_retriever, tmp_path / "notes")
+
+
+@pytest.mark.parametrize("backend, min_recall", [("flat", 1.0), ("hnsw", 0.95), ("ivfpq", 0.9)])
+def test_backends_against_exact_search(tmp_path, backend, min_recall):
+    """Recall@10 of each backend against numpy brute force on clustered 128-d vectors."""
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(50, 128)).astype(np.float32)
+    vectors = (centers[rng.integers(0, 50, 5000)] + 0.5 * rng.normal(size=(5000, 128))).astype(np.float32)
+    queries = (centers[rng.integers(0, 50, 100)] + 0.5 * rng.normal(size=(100, 128))).astype(np.float32)
+    exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
+    index_dir = tmp_path / backend
+    meta_fields = dict(doc_tower_fingerprint="-", corpus_fingerprint="-", corpus_path="-", num_vectors=5000, dim=128,
+                       backend=backend, retriever={}, storage_dtype="fp16", embed_seconds=0, build_seconds=0)
+    index, params = build_faiss(vectors, dataclasses.replace(IndexConfig(), backend=backend))
+    publish(index_dir, vectors.astype(np.float16), np.arange(5000), index, {**meta_fields, "params": params}, 2)
+    scores, found = MipsIndex(index_dir).search(queries, 10)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, exact)])
+    assert recall >= min_recall
+    if backend == "flat":
+        assert np.allclose(scores, np.take_along_axis(queries @ vectors.T, exact, 1), rtol=1e-2, atol=0.5)
+
+
+@pytest.mark.parametrize("backend", ["hnsw", "ivfpq"])
+def test_approximate_backends_end_to_end(tmp_path, tiny_corpus, tiny_retriever, backend):
+    meta = _build(tiny_corpus, tiny_retriever, tmp_path / backend, backend=backend)
+    assert meta.backend == backend
+    exact_dir = tmp_path / "flat"
+    _build(tiny_corpus, tiny_retriever, exact_dir)
+    approx = DenseSearcher(MipsIndex(tmp_path / backend), tiny_retriever).search("capital of Japan", 1)
+    exact = DenseSearcher(MipsIndex(exact_dir), tiny_retriever).search("capital of Japan", 1)
+    if backend == "hnsw":
+        assert approx[0].block_id == exact[0].block_id
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown index backend"):
+        build_faiss(np.zeros((4, 8), np.float32), dataclasses.replace(IndexConfig(), backend="annoy"))
+
+
+def test_bm25_finds_the_term(tiny_corpus):
+    searcher = BM25Searcher(tiny_corpus)
+    hits = searcher.search("Eisenach", 3)
+    assert hits[0].doc_id == "bach" and hits[0].score > 0
+    assert len(hits) == 1  # blocks without any query term are not returned
+    assert searcher.batch_search(["zzzzunknownword"], 5) == [[]]
