@@ -5,6 +5,7 @@ Both searchers answer `search(query, k)` and `batch_search(queries, k)` with `Se
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -14,6 +15,9 @@ import numpy as np
 from realm.corpus import BlockStore
 from realm.index import MipsIndex, MipsIndexError
 from realm.retriever import Retriever
+
+
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
 
 
 @dataclass(frozen=True)
