@@ -177,6 +177,54 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index_refresh(args: argparse.Namespace) -> int:
+    """The asynchronous index builder: rebuild whenever the trainer publishes a newer retriever snapshot."""
+    import torch
+
+    from realm.refresh import RefreshPolicy, refresh_loop
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    preset = _preset(args)
+    builds = refresh_loop(Path(args.watch), Path(args.corpus), Path(args.out), preset.embed, preset.index,
+                          preset.retriever, RefreshPolicy(args.refresh_every), poll_seconds=args.poll_seconds,
+                          max_builds=args.max_builds, exit_with_parent=args.exit_with_parent)
+    print(f"index refresh: {builds} versions published to {args.out}")
+    return 0
+
+
+def _training_preset(args: argparse.Namespace) -> Preset:
+    preset = _preset(args)
+    pretrain = preset.pretrain
+    for field in ("steps", "batch_size", "refresh_every", "masking", "num_candidates", "checkpoint_every", "lr"):
+        value = getattr(args, field, None)
+        if value is not None:
+            pretrain = dataclasses.replace(pretrain, **{field: value})
+    ict = preset.ict
+    if args.command == "train" and args.action == "ict":
+        ict = dataclasses.replace(ict, **{f: getattr(args, f) for f in ("steps", "batch_size", "lr")
+                                          if getattr(args, f, None) is not None})
+    return dataclasses.replace(preset, pretrain=pretrain, ict=ict)
+
+
+def cmd_train_ict(args: argparse.Namespace) -> int:
+    from realm.train_ict import train_ict
+
+    folder = train_ict(Path(args.corpus), Path(args.out), args.model, _training_preset(args), resume=args.resume,
+                       progress=not args.quiet)
+    print(f"ICT retriever saved to {folder}")
+    return 0
+
+
+def cmd_train_pretrain(args: argparse.Namespace) -> int:
+    from realm.train_pretrain import train_pretrain
+
+    folder = train_pretrain(Path(args.corpus), Path(args.out), args.retriever, args.reader, _training_preset(args),
+                            resume=args.resume, progress=not args.quiet)
+    print(f"REALM retriever and reader saved to {folder}/retriever and {folder}/reader")
+    return 0
+
+
 def _corpus_matches(store: BlockStore, inputs: list[str], preset: Preset) -> bool:
     return store.meta.sources == list(inputs) and store.config == preset.corpus
 
@@ -218,6 +266,47 @@ def build_parser() -> argparse.ArgumentParser:
     _embedding_options(ibuild)
     _common(ibuild)
     ibuild.set_defaults(run=cmd_index_build)
+
+    refresh = index.add_parser("refresh", help="asynchronous index builder: follow a trainer's retriever snapshots")
+    refresh.add_argument("--watch", required=True, help="the trainer's snapshots folder")
+    refresh.add_argument("--corpus", required=True)
+    refresh.add_argument("--out", required=True, help="index folder to publish new versions into")
+    refresh.add_argument("--refresh-every", type=int, default=1, help="0: never rebuild (frozen index)")
+    refresh.add_argument("--poll-seconds", type=float, default=2.0)
+    refresh.add_argument("--max-builds", type=int, help="exit after this many builds")
+    refresh.add_argument("--threads", type=int, help="torch threads (leave cores to a trainer on the same machine)")
+    refresh.add_argument("--exit-with-parent", action="store_true", help="stop when the process that started it exits")
+    _embedding_options(refresh)
+    _common(refresh)
+    refresh.set_defaults(run=cmd_index_refresh)
+
+    train = commands.add_parser("train", help="training recipes").add_subparsers(dest="action", required=True)
+    ict = train.add_parser("ict", help="Inverse Cloze Task warm start of the retriever")
+    ict.add_argument("--corpus", required=True)
+    ict.add_argument("--out", required=True)
+    ict.add_argument("--model", default=MINILM, help="warm start of both towers (default: minilm)")
+    ict.add_argument("--steps", type=int)
+    ict.add_argument("--batch-size", type=int)
+    ict.add_argument("--lr", type=float)
+    ict.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    _common(ict)
+    ict.set_defaults(run=cmd_train_ict)
+
+    pretrain = train.add_parser("pretrain", help="REALM pretraining with an asynchronously refreshed index")
+    pretrain.add_argument("--corpus", required=True, help="knowledge corpus Z (its sentences are also X)")
+    pretrain.add_argument("--out", required=True)
+    pretrain.add_argument("--retriever", default=MINILM, help="retriever warm start, e.g. an ICT run's retriever/")
+    pretrain.add_argument("--reader", default=MINILM, help="reader warm start (BERT folder or minilm)")
+    pretrain.add_argument("--steps", type=int)
+    pretrain.add_argument("--batch-size", type=int, help="global batch (split across torchrun processes)")
+    pretrain.add_argument("--lr", type=float)
+    pretrain.add_argument("--num-candidates", type=int, help="candidates per query, the null document included")
+    pretrain.add_argument("--masking", choices=["salient", "random-span", "uniform"])
+    pretrain.add_argument("--refresh-every", type=int, help="snapshot for the index builder every N steps; 0: frozen")
+    pretrain.add_argument("--checkpoint-every", type=int)
+    pretrain.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    _common(pretrain)
+    pretrain.set_defaults(run=cmd_train_pretrain)
 
     search = commands.add_parser("search", help="search an index")
     search.add_argument("query")

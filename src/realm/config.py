@@ -30,6 +30,7 @@ class EncoderShape:
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
     intermediate_size: int = 3072
+    dropout: float = 0.1  # hidden and attention dropout of a randomly initialised BERT
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,47 @@ class IndexConfig:
 
 
 @dataclass(frozen=True)
+class ICTConfig:
+    """Inverse Cloze Task warm start of the retriever (ORQA)."""
+
+    steps: int = 100_000
+    batch_size: int = 4096  # in-batch negatives: every other context of the batch
+    lr: float = 1e-4
+    warmup_steps: int = 1000
+    remove_sentence_prob: float = 0.9  # the query sentence is removed from its context 90% of the time
+    checkpoint_every: int = 1000
+    log_every: int = 10
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """REALM pretraining (paper: 200k steps, batch 512, lr 3e-5, 8 candidates incl. the null document)."""
+
+    steps: int = 200_000
+    batch_size: int = 512
+    lr: float = 3e-5
+    head_lr_multiplier: float = 1.0  # the reader's masked-LM head; >1 when it starts fresh (MiniLM has none)
+    warmup_steps: int = 10_000
+    num_candidates: int = 8  # including the null document, which is always first
+    max_masks: int = 10
+    masking: Literal["salient", "random-span", "uniform"] = "salient"
+    refresh_every: int = 500  # trainer snapshots the retriever every N steps for the index builder; 0: frozen index
+    checkpoint_every: int = 1000
+    log_every: int = 10
+    held_out_fraction: float = 0.01  # sentences kept out of training for evaluation
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     corpus: CorpusConfig
     retriever: RetrieverConfig
     embed: EmbedConfig
     index: IndexConfig
+    ict: ICTConfig = field(default_factory=ICTConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -88,6 +124,9 @@ PRESETS: dict[str, Preset] = {
         ),
         embed=EmbedConfig(batch_size=64, compute_dtype="auto", shard_size=8192),
         index=IndexConfig(),
+        ict=ICTConfig(steps=200, batch_size=32, lr=5e-5, warmup_steps=20, checkpoint_every=50, log_every=5),
+        pretrain=PretrainConfig(steps=360, batch_size=8, lr=1e-4, head_lr_multiplier=10.0, warmup_steps=20,
+                                num_candidates=4, max_masks=10, refresh_every=40, checkpoint_every=25, log_every=5),
     ),
     "paper": Preset(
         name="paper",

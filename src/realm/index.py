@@ -62,6 +62,10 @@ class IndexMeta:
     embed_seconds: float
     build_seconds: float
     created: float
+    # Trainer step and wall time of the retriever snapshot the index was built from (asynchronous refresh);
+    # None for an index built from a model outside training.
+    checkpoint_step: int | None = None
+    checkpoint_time: float | None = None
 
 
 # -- faiss ----------------------------------------------------------------------------------------
@@ -185,7 +189,8 @@ def publish(index_dir: Path, embeddings: np.ndarray, block_ids: np.ndarray, inde
 
 def build_index(store: BlockStore, embedder: BlockEmbedder, doc_fingerprint: str, index_dir: Path,
                 embed_config: EmbedConfig, index_config: IndexConfig, retriever_config: RetrieverConfig,
-                progress: bool = True) -> IndexMeta:
+                progress: bool = True, checkpoint_step: int | None = None,
+                checkpoint_time: float | None = None) -> IndexMeta:
     """Embed every block of `store` and publish a new index version at `index_dir`."""
     index_dir = Path(index_dir)
     if index_dir.exists() and any(index_dir.iterdir()) and not (index_dir / VERSIONS).exists() \
@@ -207,7 +212,8 @@ def build_index(store: BlockStore, embedder: BlockEmbedder, doc_fingerprint: str
              num_vectors=len(store), dim=int(embeddings.shape[1]), backend=index_config.backend, params=params,
              retriever={k: v for k, v in asdict(retriever_config).items() if k != "shape"},
              storage_dtype=embed_config.storage_dtype, embed_seconds=round(embed_seconds, 1),
-             build_seconds=round(time.monotonic() - started, 1)),
+             build_seconds=round(time.monotonic() - started, 1), checkpoint_step=checkpoint_step,
+             checkpoint_time=checkpoint_time),
         index_config.keep_versions,
     )
     shutil.rmtree(index_dir / BUILDING, ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -52,3 +53,19 @@ def save_npy_atomic(path: Path, array: np.ndarray) -> None:
             np.save(handle, array)
 
     write_atomic(path, write)
+
+
+def write_dir_atomic(folder: Path, write: Callable[[Path], None]) -> None:
+    """Call `write(tmp_dir)`, then swap tmp_dir in for `folder`: a crash never leaves half a folder in its place."""
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".partial")
+    old = folder.with_name(folder.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    fsync_dir(folder.parent)
+    shutil.rmtree(old, ignore_errors=True)

@@ -9,7 +9,8 @@ The paper pools with [CLS]. all-MiniLM-L6-v2, our warm start, was trained with *
 cosine similarity, so its [CLS] vector carries little meaning until trained; the cpu preset pools by
 mean. The warm-start projection is one random orthogonal map shared by both towers (each tower keeps
 its own copy): inner products of LayerNorm'd orthogonal projections approximate MiniLM's cosine
-similarity (Johnson-Lindenstrauss), so the untrained retriever already retrieves sensibly.
+similarity (Johnson-Lindenstrauss), so the untrained retriever already retrieves sensibly; the
+LayerNorm gain starts at sqrt(20 / 128) so that f(x, z) ≈ 20 · cos, MiniLM's training scale.
 
 A checkpoint is a folder:
     realm.json                      format version, RetrieverConfig
@@ -24,7 +25,7 @@ import copy
 import dataclasses
 import hashlib
 import json
-import shutil
+import math
 from pathlib import Path
 
 import torch
@@ -33,7 +34,7 @@ from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
 from realm.config import EncoderShape, RetrieverConfig
-from realm.io import fsync_dir
+from realm.io import write_dir_atomic
 from realm.tokenization import MINILM, load_tokenizer, minilm_dir
 
 CHECKPOINT_FORMAT = 1
@@ -41,6 +42,10 @@ CHECKPOINT_META = "realm.json"
 TOWERS = ("query_tower", "doc_tower")
 PROJECTION_FILE = "projection.safetensors"
 WARM_START_SEED = 20200210  # fixed so `--model minilm` always means the same retriever (and fingerprint)
+# all-MiniLM-L6-v2 was trained with scaled cosine similarity, 20 · cos(x, z). LayerNorm'd d-dim vectors have
+# norm sqrt(d), so a LayerNorm gain of sqrt(20 / d) makes f(x, z) ≈ 20 · cos at the warm start: a softmax
+# over candidates that is neither flat nor one-hot (gain 1 would give f up to 128 and p(null) ≈ 0).
+WARM_START_SCALE = 20.0
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
@@ -99,6 +104,8 @@ def _random_bert(shape: EncoderShape, vocab_size: int, seed: int) -> BertModel:
         num_hidden_layers=shape.num_hidden_layers,
         num_attention_heads=shape.num_attention_heads,
         intermediate_size=shape.intermediate_size,
+        hidden_dropout_prob=shape.dropout,
+        attention_probs_dropout_prob=shape.dropout,
         max_position_embeddings=512,
     )
     return BertModel(config, add_pooling_layer=False)
@@ -122,6 +129,7 @@ class Retriever(nn.Module):
         query = Tower(bert, config.proj_dim, config.pooling, config.dropout)
         nn.init.orthogonal_(query.projection.weight, generator=generator)
         nn.init.zeros_(query.projection.bias)
+        nn.init.constant_(query.layer_norm.weight, math.sqrt(WARM_START_SCALE / config.proj_dim))
         doc = copy.deepcopy(query)
         return cls(query, doc, tokenizer, config)
 
@@ -163,25 +171,18 @@ class Retriever(nn.Module):
 
     def save(self, folder: str | Path) -> None:
         """Write the checkpoint to a temporary sibling and swap it in, so a crash never leaves half a checkpoint."""
-        folder = Path(folder)
-        tmp = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.tokenizer.save_pretrained(str(tmp))
-        for name in TOWERS:
-            tower: Tower = getattr(self, name)
-            tower.bert.save_pretrained(str(tmp / name))
-            save_file({k: v.contiguous() for k, v in tower.projection_state().items()}, tmp / name / PROJECTION_FILE)
-        meta = {"format_version": CHECKPOINT_FORMAT, "retriever": dataclasses.asdict(self.config),
-                "doc_tower_fingerprint": self.doc_tower.fingerprint()}
-        (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2) + "\n")
-        old = folder.with_name(folder.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        if folder.exists():
-            folder.rename(old)
-        tmp.rename(folder)
-        fsync_dir(folder.parent)
-        shutil.rmtree(old, ignore_errors=True)
+
+        def write(tmp: Path) -> None:
+            self.tokenizer.save_pretrained(str(tmp))
+            for name in TOWERS:
+                tower: Tower = getattr(self, name)
+                tower.bert.save_pretrained(str(tmp / name))
+                save_file({k: v.contiguous() for k, v in tower.projection_state().items()}, tmp / name / PROJECTION_FILE)
+            meta = {"format_version": CHECKPOINT_FORMAT, "retriever": dataclasses.asdict(self.config),
+                    "doc_tower_fingerprint": self.doc_tower.fingerprint()}
+            (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2) + "\n")
+
+        write_dir_atomic(Path(folder), write)
 
     # -- inference ----------------------------------------------------------------------------
     def doc_fingerprint(self) -> str:

@@ -16,7 +16,6 @@ from realm.corpus import BlockStore
 from realm.index import MipsIndex, MipsIndexError
 from realm.retriever import Retriever
 
-
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
 
 

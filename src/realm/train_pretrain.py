@@ -1,0 +1,179 @@
+"""REALM pretraining recipe: masked-LM with retrieval over a MIPS index refreshed asynchronously.
+
+Per step: mask one sentence per example; embed the masked queries with the current query tower; search
+the current index version for the top candidates; drop the trivial ones (blocks of the sentence's own
+document); prepend the null document; compute the marginal loss of realm_model.py with the current
+towers and reader; step. Between steps the trainer switches to a newer index version if the builder
+published one. Every `refresh_every` steps it saves a retriever snapshot for the builder.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from realm.config import Preset
+from realm.corpus import BlockStore
+from realm.embed import default_device, resolve_compute_dtype
+from realm.index import MipsIndex, current_version
+from realm.pretrain_data import SentenceSet, build_sentences, mask_sentence
+from realm.reader import Reader
+from realm.realm_model import RealmModel, make_batch, pad_queries, select_candidates
+from realm.refresh import STOP_FILE, RefreshPolicy, build_from_retriever, save_snapshot
+from realm.retriever import Retriever
+from realm.training import (
+    DataOrder,
+    DataPosition,
+    Dist,
+    MetricsLog,
+    autocast,
+    bert_optimizer,
+    broadcast,
+    example_rng,
+    latest_checkpoint,
+    linear_schedule,
+    load_checkpoint,
+    save_checkpoint,
+    setup_distributed,
+)
+
+log = logging.getLogger(__name__)
+
+EXTRA_RETRIEVED = 8  # retrieve this many more than needed, so candidates survive the trivial-retrieval filter
+
+
+def start_builder(out: Path, corpus: Path, preset: Preset, policy: RefreshPolicy) -> subprocess.Popen:
+    """The index builder as a separate process (`realm index refresh`), logging to out/builder.log."""
+    cmd = [sys.executable, "-m", "realm.cli", "index", "refresh", "--watch", str(out / "snapshots"),
+           "--corpus", str(corpus), "--out", str(out / "index"), "--preset", preset.name,
+           "--refresh-every", str(policy.every_steps), "--threads", "1", "--exit-with-parent", "--quiet"]
+    handle = open(out / "builder.log", "a")
+    return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)
+
+
+def _mean_over_ranks(values: dict[str, float], d: Dist) -> dict[str, float]:
+    if d.world_size == 1:
+        return values
+    tensor = torch.tensor(list(values.values()), dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return dict(zip(values, (tensor / d.world_size).tolist()))
+
+
+def retrieve(model: RealmModel, index: MipsIndex, query: dict[str, torch.Tensor], block_doc_ids: np.ndarray,
+             source_doc_ids: list[str], num_retrieved: int) -> np.ndarray:
+    """Top candidates for the masked queries from the (possibly stale) index, trivial ones dropped: (B, K-1)."""
+    with torch.no_grad():
+        vectors = model.retriever.query_tower(**query).float().cpu().numpy()
+    _, ids = index.search(vectors, num_retrieved + EXTRA_RETRIEVED)
+    return select_candidates(ids, block_doc_ids, source_doc_ids, num_retrieved)
+
+
+def train_pretrain(corpus: Path, out: Path, retriever_spec: str, reader_spec: str, preset: Preset,
+                   resume: bool = False, progress: bool = True) -> Path:
+    cfg = preset.pretrain
+    d = setup_distributed()
+    device = default_device()
+    dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
+    torch.manual_seed(cfg.seed + d.rank)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    policy = RefreshPolicy(cfg.refresh_every)
+    store = BlockStore(corpus)
+    block_doc_ids = np.array(store.column("doc_id"), dtype=object)
+    if d.main:
+        build_sentences(store, progress)  # tag once, cached beside the corpus
+    if d.world_size > 1:
+        dist.barrier()
+    sentences = SentenceSet(store.folder / "sentences.arrow", cfg.held_out_fraction, held_out=False)
+    order = DataOrder(len(sentences), cfg.seed)
+
+    model = RealmModel(Retriever.load(retriever_spec, preset.retriever), Reader.load(reader_spec, preset.retriever.shape))
+    model.to(device).train()
+    tokenizer = model.retriever.tokenizer
+    # The decoder is tied to the word embeddings (trained at the base rate); the transform and bias are fresh.
+    optimizer = bert_optimizer(model, cfg.lr, fast_prefix="reader.mlm.cls.",
+                               fast_multiplier=cfg.head_lr_multiplier)
+    scheduler = linear_schedule(optimizer, cfg.warmup_steps, cfg.steps)
+    step, position = 0, DataPosition()
+    found = latest_checkpoint(out) if resume else None
+    if found is not None:
+        step, position, _ = load_checkpoint(found, model, optimizer, scheduler, d)
+        log.info("resumed REALM pretraining from %s (step %d)", found, step)
+
+    index_dir = out / "index"
+    retrieval = cfg.num_candidates > 1  # 1: the null document alone, i.e. masked-LM without retrieval (a baseline)
+    if not retrieval:
+        policy = RefreshPolicy(0)
+    if d.main and retrieval and current_version(index_dir) is None:  # a new corpus: bootstrap the first index
+        log.info("no index yet in %s: building the first one from the current retriever", index_dir)
+        build_from_retriever(model.retriever, store, index_dir, preset.embed, preset.index, step, time.time(), progress)
+    if d.world_size > 1:
+        dist.barrier()
+    builder = start_builder(out, Path(corpus), preset, policy) if d.main and not policy.frozen else None
+    (out / "snapshots" / STOP_FILE).unlink(missing_ok=True)
+    index = MipsIndex(index_dir) if retrieval else None
+    trained = DistributedDataParallel(model) if d.world_size > 1 else model
+    metrics_log = MetricsLog(out, cfg.steps, step, d, "REALM", progress)
+    builder_warned = False
+    try:
+        while step < cfg.steps:
+            if retrieval:
+                published = broadcast(current_version(index_dir) if d.main else None, d)
+                if policy.should_reload(index.version, published):
+                    index = MipsIndex(index_dir, published)
+            epoch = position.epoch
+            indices, position = order.take(position, cfg.batch_size)
+            local = indices[d.rank :: d.world_size]
+            queries = [mask_sentence(sentences.texts[i], sentences.spans[i], cfg.masking, tokenizer,
+                                     preset.retriever.query_max_tokens, cfg.max_masks,
+                                     example_rng(cfg.seed, epoch, int(i))) for i in local]
+            query, *_ = pad_queries(queries, tokenizer.pad_token_id)
+            with autocast(dtype, device):
+                retrieved = np.empty((len(local), 0), dtype=np.int64)
+                if retrieval:
+                    retrieved = retrieve(model, index, {k: v.to(device) for k, v in query.items()}, block_doc_ids,
+                                         [sentences.doc_ids[i] for i in local], cfg.num_candidates - 1)
+                batch = make_batch(queries, retrieved, store, tokenizer, store.config).to(device)
+                loss, stats = trained(batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+
+            builder_alive = builder is None or builder.poll() is None
+            if not builder_alive and not builder_warned:
+                log.warning("index builder exited (code %s); training continues on index v%d, see %s",
+                            builder.returncode, index.version, out / "builder.log")
+                builder_warned = True
+            metrics = _mean_over_ranks({"loss": loss.item(), **{k: v.item() for k, v in stats.items() if v.ndim == 0}}, d)
+            metrics["lr"] = scheduler.get_last_lr()[0]
+            if retrieval:
+                metrics |= {"index_version": index.version, "staleness_steps": step - (index.meta.checkpoint_step or 0),
+                            "staleness_seconds": time.time() - (index.meta.checkpoint_time or index.meta.created),
+                            "builder_alive": float(builder_alive)}
+            metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or step == cfg.steps)
+            if d.main and policy.should_snapshot(step):
+                save_snapshot(model.retriever, out / "snapshots", step)
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                save_checkpoint(out, step, model, optimizer, scheduler, position, d)
+    finally:
+        metrics_log.close()
+        if builder is not None:
+            (out / "snapshots").mkdir(parents=True, exist_ok=True)
+            (out / "snapshots" / STOP_FILE).touch()
+            builder.terminate()
+            builder.wait(timeout=30)
+    if d.main:
+        model.retriever.save(out / "retriever")
+        model.reader.save(out / "reader")
+    return out

@@ -1,0 +1,216 @@
+"""Training infrastructure shared by the ICT and REALM recipes: data order, checkpoints, logging, DDP.
+
+Resuming is exact: the data order is a function of (seed, epoch), per-example randomness is seeded by
+the example's global index, and the checkpoint holds the weights (safetensors), optimizer and
+scheduler state, every rank's torch RNG state (dropout) and the data position. So after a kill -9, a
+resumed run sees exactly the batches an uninterrupted run would have seen: none lost, none repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, load_model, save_file, save_model
+from torch import nn
+from tqdm import tqdm
+
+from realm.io import write_dir_atomic
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+
+
+# -- distributed ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> Dist:
+    """torchrun sets WORLD_SIZE/RANK: join the process group (gloo on CPU, nccl on GPUs)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return Dist()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return Dist(rank=dist.get_rank(), world_size=dist.get_world_size())
+
+
+def broadcast(value, d: Dist):
+    """Rank 0's value on every rank (e.g. which index version to use this step)."""
+    if d.world_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+# -- data order -----------------------------------------------------------------------------------
+@dataclass
+class DataPosition:
+    epoch: int = 0
+    offset: int = 0
+
+
+class DataOrder:
+    """Epoch-wise permutations of n examples, seeded by (seed, epoch): reproducible from a position alone."""
+
+    def __init__(self, n: int, seed: int):
+        if n == 0:
+            raise ValueError("no training examples")
+        self.n, self.seed = n, seed
+        self._cache: tuple[int, np.ndarray] | None = None
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if self._cache is None or self._cache[0] != epoch:
+            self._cache = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n))
+        return self._cache[1]
+
+    def take(self, position: DataPosition, size: int) -> tuple[np.ndarray, DataPosition]:
+        """The next `size` example indices (crossing epochs as needed) and the position after them."""
+        out: list[int] = []
+        epoch, offset = position.epoch, position.offset
+        while len(out) < size:
+            perm = self._perm(epoch)
+            chunk = perm[offset : offset + size - len(out)]
+            out.extend(chunk.tolist())
+            offset += len(chunk)
+            if offset >= self.n:
+                epoch, offset = epoch + 1, 0
+        return np.array(out, dtype=np.int64), DataPosition(epoch, offset)
+
+
+def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """Randomness of one example in one epoch (masks, ICT sentence choice): independent of batching and ranks."""
+    return np.random.default_rng([seed, epoch, index])
+
+
+# -- optimisation ---------------------------------------------------------------------------------
+def bert_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.01, fast_prefix: str | None = None,
+                   fast_multiplier: float = 1.0) -> torch.optim.AdamW:
+    """BERT's default optimiser: AdamW, eps 1e-6, no weight decay on biases and LayerNorm. Parameters
+    under `fast_prefix` (a freshly initialised head) get `fast_multiplier` times the learning rate."""
+    groups: dict[tuple[bool, bool], list] = {}
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            no_decay = param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name
+            fast = fast_prefix is not None and name.startswith(fast_prefix)
+            groups.setdefault((no_decay, fast), []).append(param)
+    return torch.optim.AdamW([{"params": params, "weight_decay": 0.0 if no_decay else weight_decay,
+                               "lr": lr * (fast_multiplier if fast else 1.0)}
+                              for (no_decay, fast), params in sorted(groups.items())], lr=lr, eps=1e-6)
+
+
+def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def autocast(dtype: torch.dtype, device: torch.device):
+    """bf16 autocast where the embedder would use bf16 (CPUs with AVX-512-BF16/AMX, GPUs); else a no-op."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+def _rng_states(d: Dist) -> list[torch.Tensor]:
+    state = torch.get_rng_state()
+    if d.world_size == 1:
+        return [state]
+    states: list = [None] * d.world_size
+    dist.all_gather_object(states, state)
+    return states
+
+
+def save_checkpoint(out_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler, position: DataPosition, d: Dist, extra: dict | None = None, keep: int = 2) -> None:
+    """out_dir/checkpoints/step-XXXXXXXX/, swapped in whole (every rank must call: RNG states are gathered)."""
+    rng = _rng_states(d)
+    if not d.main:
+        return
+
+    def write(tmp: Path) -> None:
+        save_model(model, str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")  # tensors and plain types only: weights_only loads it
+        save_file({f"rank{r}": s for r, s in enumerate(rng)}, tmp / "rng.safetensors")
+        state = {"step": step, "epoch": position.epoch, "offset": position.offset, "world_size": d.world_size,
+                 "scheduler": scheduler.state_dict(), "time": time.time(), **(extra or {})}
+        (tmp / "trainer.json").write_text(json.dumps(state, indent=2) + "\n")
+
+    folder = Path(out_dir) / CHECKPOINTS / f"step-{step:08d}"
+    write_dir_atomic(folder, write)
+    for old in sorted((Path(out_dir) / CHECKPOINTS).glob("step-????????"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    found = sorted(p for p in (Path(out_dir) / CHECKPOINTS).glob("step-????????") if (p / "trainer.json").exists())
+    return found[-1] if found else None
+
+
+def load_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
+                    d: Dist) -> tuple[int, DataPosition, dict]:
+    """Restore everything saved by save_checkpoint; returns (step, data position, trainer state)."""
+    state = json.loads((folder / "trainer.json").read_text())
+    if state["world_size"] != d.world_size:
+        log.warning("checkpoint was written by %d processes, resuming with %d: dropout streams differ",
+                    state["world_size"], d.world_size)
+    load_model(model, str(folder / "model.safetensors"))
+    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+    scheduler.load_state_dict(state["scheduler"])
+    rng = load_file(folder / "rng.safetensors")
+    torch.set_rng_state(rng.get(f"rank{d.rank}", rng["rank0"]))
+    return state["step"], DataPosition(state["epoch"], state["offset"]), state
+
+
+# -- logging --------------------------------------------------------------------------------------
+class MetricsLog:
+    """Per-step scalars to TensorBoard, to metrics.jsonl, and to the progress bar (rank 0 only)."""
+
+    def __init__(self, out_dir: Path, total_steps: int, start_step: int, d: Dist, desc: str, progress: bool = True):
+        self.enabled = d.main
+        self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, unit="step", dynamic_ncols=True,
+                        disable=not (progress and d.main))
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.writer = None
+        if self.enabled and self.path.exists():  # a resumed run rewrites the steps after its checkpoint
+            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= start_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        if self.enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"), purge_step=start_step + 1)
+
+    def step(self, step: int, metrics: dict[str, float], log_now: bool) -> None:
+        self.bar.update(1)
+        if not (self.enabled and log_now):
+            return
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        self.bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in ("loss", "accuracy", "utility",
+                                                                                    "p_null", "index_version")})
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.writer is not None:
+            self.writer.close()

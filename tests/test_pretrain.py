@@ -1,0 +1,231 @@
+"""REALM pretraining: the marginal loss, candidates (null first, no trivial retrievals), masking,
+the refresh policy and builder, exact resume after a crash, and 2-process DDP."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_CORPUS, TINY_EMBED, TINY_RETRIEVER, TINY_SHAPE
+
+from realm.config import IndexConfig, Preset, PretrainConfig
+from realm.index import MipsIndex, current_version
+from realm.pretrain_data import date_spans, mask_sentence, merge_spans
+from realm.realm_model import NULL_BLOCK, make_batch, marginal_mlm_loss, select_candidates
+from realm.refresh import RefreshPolicy, index_source_step, list_snapshots, refresh_loop, save_snapshot
+from realm.retriever import Retriever
+from realm.training import DataOrder, DataPosition
+
+NO_DROPOUT_SHAPE = dataclasses.replace(TINY_SHAPE, dropout=0.0)
+TINY_PRESET = Preset(
+    name="cpu", corpus=TINY_CORPUS,
+    retriever=dataclasses.replace(TINY_RETRIEVER, shape=NO_DROPOUT_SHAPE, dropout=0.0),
+    embed=dataclasses.replace(TINY_EMBED, shard_size=1000), index=IndexConfig(),
+    pretrain=PretrainConfig(steps=4, batch_size=4, lr=1e-3, head_lr_multiplier=10, warmup_steps=1, num_candidates=3,
+                            max_masks=5, masking="salient", refresh_every=0, checkpoint_every=2, log_every=1,
+                            held_out_fraction=0.0),
+)
+
+
+def test_marginal_loss_equals_hand_computation():
+    # One example, candidates (null, z1, z2), two masks; z2 is padding and must not count.
+    f = torch.tensor([[1.0, 2.0, 50.0]])
+    candidate_mask = torch.tensor([[True, True, False]])
+    token_lp = torch.log(torch.tensor([[[0.1, 0.2], [0.6, 0.3], [0.9, 0.9]]]))  # (B=1, K=3, M=2)
+    valid = torch.tensor([[True, True]])
+    loss, stats = marginal_mlm_loss(f, candidate_mask, token_lp, valid)
+    p_null, p_z1 = math.exp(1) / (math.exp(1) + math.exp(2)), math.exp(2) / (math.exp(1) + math.exp(2))
+    m1 = math.log(p_null * 0.1 + p_z1 * 0.6)
+    m2 = math.log(p_null * 0.2 + p_z1 * 0.3)
+    assert loss.item() == pytest.approx(-(m1 + m2) / 2, rel=1e-6)
+    assert stats["p_null"].item() == pytest.approx(p_null, rel=1e-6)
+    null_ll = (math.log(0.1) + math.log(0.2)) / 2
+    assert stats["utility"].item() == pytest.approx((m1 + m2) / 2 - null_ll, rel=1e-6)
+    # An invalid mask slot does not count.
+    loss_one, _ = marginal_mlm_loss(f, candidate_mask, token_lp, torch.tensor([[True, False]]))
+    assert loss_one.item() == pytest.approx(-m1, rel=1e-6)
+
+
+def test_gradient_reaches_both_towers_and_reader(tiny_corpus, tokenizer):
+    from realm.reader import Reader
+    from realm.realm_model import RealmModel
+
+    model = RealmModel(Retriever.load("random", TINY_PRESET.retriever), Reader.load("random", NO_DROPOUT_SHAPE))
+    query = mask_sentence("Paris is the capital of France.", [(0, 5)], "salient", tokenizer, 32, 5,
+                          np.random.default_rng(0))
+    batch = make_batch([query], np.array([[0, 1]]), tiny_corpus, tokenizer, tiny_corpus.config)
+    loss, stats = model(batch)
+    loss.backward()
+    for part in (model.retriever.query_tower, model.retriever.doc_tower, model.reader):
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in part.parameters())
+    assert 0 <= stats["accuracy"].item() <= 1
+
+
+def test_trivial_candidates_are_dropped_and_null_is_first(tiny_corpus, tokenizer):
+    doc_ids = np.array(tiny_corpus.column("doc_id"), dtype=object)
+    own = [i for i, d in enumerate(doc_ids) if d == "paris"]
+    others = [i for i, d in enumerate(doc_ids) if d != "paris"]
+    retrieved = np.array([own + others[:3] + [-1]])  # the source document ranks first
+    chosen = select_candidates(retrieved, doc_ids, ["paris"], 3)
+    assert chosen.tolist() == [others[:3]]
+    # Too few non-trivial blocks: padded with NULL_BLOCK, masked out of the softmax.
+    short = select_candidates(np.array([own + others[:1]]), doc_ids, ["paris"], 3)
+    assert short.tolist() == [[others[0], NULL_BLOCK, NULL_BLOCK]]
+    query = mask_sentence("Paris is the capital of France.", [(0, 5)], "salient", tokenizer, 32, 5,
+                          np.random.default_rng(0))
+    batch = make_batch([query], short, tiny_corpus, tokenizer, tiny_corpus.config)
+    assert batch.candidate_ids[0, 0] == NULL_BLOCK
+    assert batch.candidate_mask.tolist() == [[True, True, False, False]]
+    # The null document is [CLS] x [SEP] [SEP] for the reader and [CLS] [SEP] [SEP] for the doc tower.
+    null_reader = batch.reader["input_ids"][0][batch.reader["attention_mask"][0].bool()].tolist()
+    assert null_reader == query.input_ids + [tokenizer.sep_token_id]
+    null_doc = batch.docs["input_ids"][-1][batch.docs["attention_mask"][-1].bool()].tolist()
+    assert null_doc == [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.sep_token_id]
+
+
+def test_salient_masking_masks_one_whole_span(tokenizer):
+    text = "Johann Sebastian Bach was born in Eisenach in 1685."
+    spans = merge_spans([(0, 21), (34, 42)] + date_spans(text))
+    assert (46, 50) in spans
+    seen = set()
+    for seed in range(20):
+        q = mask_sentence(text, spans, "salient", tokenizer, 32, 10, np.random.default_rng(seed))
+        words = tokenizer.decode(q.targets)
+        assert words in {"johann sebastian bach", "eisenach", "1685"}
+        assert q.mask_positions == list(range(q.mask_positions[0], q.mask_positions[0] + len(q.targets)))
+        assert all(q.input_ids[p] == tokenizer.mask_token_id for p in q.mask_positions)
+        seen.add(words)
+    assert len(seen) == 3  # the span is chosen at random
+
+
+def test_other_masking_schemes(tokenizer):
+    text = "The Nile is a major north-flowing river in northeastern Africa and flows into the sea."
+    rng = np.random.default_rng(0)
+    for scheme in ("uniform", "random-span"):
+        for _ in range(10):
+            q = mask_sentence(text, [], scheme, tokenizer, 64, 4, rng)
+            assert 1 <= len(q.targets) <= 4 and q.input_ids[0] == tokenizer.cls_token_id
+    span = mask_sentence(text, [], "random-span", tokenizer, 64, 4, np.random.default_rng(3))
+    assert span.mask_positions == list(range(span.mask_positions[0], span.mask_positions[-1] + 1))
+    fallback = mask_sentence(text, [], "salient", tokenizer, 64, 4, np.random.default_rng(0))  # no spans
+    assert fallback.targets
+    with pytest.raises(ValueError):
+        mask_sentence(text, [], "everything", tokenizer, 64, 4, rng)
+
+
+def test_refresh_policy():
+    policy = RefreshPolicy(every_steps=50)
+    assert [s for s in range(0, 201) if policy.should_snapshot(s)] == [50, 100, 150, 200]
+    assert policy.should_rebuild(100, 50) and policy.should_rebuild(50, None)
+    assert not policy.should_rebuild(50, 50) and not policy.should_rebuild(None, 0)
+    assert policy.should_reload(3, 4) and not policy.should_reload(4, 4) and not policy.should_reload(4, None)
+    frozen = RefreshPolicy(0)
+    assert frozen.frozen and not any(frozen.should_snapshot(s) for s in range(1000))
+    assert not frozen.should_rebuild(100, None)
+
+
+def test_builder_publishes_newer_snapshots(tmp_path, tiny_corpus):
+    retriever = Retriever.load("random", TINY_PRESET.retriever)
+    save_snapshot(retriever, tmp_path / "snapshots", step=5)
+    policy = RefreshPolicy(5)
+    builds = refresh_loop(tmp_path / "snapshots", tiny_corpus.folder, tmp_path / "index", TINY_EMBED, IndexConfig(),
+                          TINY_PRESET.retriever, policy, poll_seconds=0.01, max_builds=1)
+    assert builds == 1 and index_source_step(tmp_path / "index") == 5
+    assert MipsIndex(tmp_path / "index").meta.doc_tower_fingerprint == retriever.doc_fingerprint()
+    for step in (10, 15, 20):
+        save_snapshot(retriever, tmp_path / "snapshots", step=step)
+    assert [p.name for p in list_snapshots(tmp_path / "snapshots")] == ["step-00000015", "step-00000020"]
+    refresh_loop(tmp_path / "snapshots", tiny_corpus.folder, tmp_path / "index", TINY_EMBED, IndexConfig(),
+                 TINY_PRESET.retriever, policy, poll_seconds=0.01, max_builds=1)
+    assert index_source_step(tmp_path / "index") == 20 and current_version(tmp_path / "index") == 2
+
+
+def test_data_order_is_a_function_of_position():
+    order = DataOrder(10, seed=3)
+    first, position = order.take(DataPosition(), 4)
+    second, position = order.take(position, 4)
+    third, position = order.take(position, 4)  # crosses into epoch 1
+    assert sorted(np.concatenate([first, second, third[:2]]).tolist()) == list(range(10))
+    assert position == DataPosition(1, 2)
+    again, _ = DataOrder(10, seed=3).take(DataPosition(0, 4), 4)
+    assert again.tolist() == second.tolist()
+
+
+def _metrics(folder):
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_resume_after_crash_reproduces_the_same_batches(tmp_path, tiny_corpus, monkeypatch):
+    import realm.train_pretrain as recipe
+
+    recipe.train_pretrain(tiny_corpus.folder, tmp_path / "straight", "random", "random", TINY_PRESET, progress=False)
+    straight = _metrics(tmp_path / "straight")
+
+    original = recipe.save_checkpoint
+
+    def crash_after_step_2(out, step, *args, **kwargs):
+        original(out, step, *args, **kwargs)
+        if step == 2:
+            raise KeyboardInterrupt("simulated kill -9 after the step-2 checkpoint")
+
+    monkeypatch.setattr(recipe, "save_checkpoint", crash_after_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        recipe.train_pretrain(tiny_corpus.folder, tmp_path / "crashed", "random", "random", TINY_PRESET, progress=False)
+    monkeypatch.setattr(recipe, "save_checkpoint", original)
+    recipe.train_pretrain(tiny_corpus.folder, tmp_path / "crashed", "random", "random", TINY_PRESET, resume=True,
+                          progress=False)
+    resumed = _metrics(tmp_path / "crashed")
+    assert [m["step"] for m in resumed] == [1, 2, 3, 4]
+    for a, b in zip(straight, resumed):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
+        assert a["accuracy"] == b["accuracy"]
+    for name in ("retriever", "reader"):
+        assert (tmp_path / "crashed" / name).is_dir()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world_size: int, port: int, corpus: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size), RANK=str(rank))
+    torch.set_num_threads(1)
+    from realm.train_pretrain import train_pretrain
+
+    train_pretrain(corpus, out, "random", "random", TINY_PRESET, progress=False)
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_process_ddp_matches_one_process(tmp_path, tiny_corpus):
+    import torch.multiprocessing as mp
+
+    from realm.train_pretrain import train_pretrain
+
+    train_pretrain(tiny_corpus.folder, tmp_path / "single", "random", "random", TINY_PRESET, progress=False)
+    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tiny_corpus.folder), str(tmp_path / "ddp")), nprocs=2)
+    single, ddp = _metrics(tmp_path / "single"), _metrics(tmp_path / "ddp")
+    assert [m["step"] for m in ddp] == [1, 2, 3, 4]
+    for a, b in zip(single, ddp):  # same global batch, no dropout: the same curve up to float summation order
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-3)
+
+
+def test_null_only_baseline_trains_without_an_index(tmp_path, tiny_corpus):
+    """--num-candidates 1 is masked-LM with the null document alone: no index, no builder."""
+    from realm.train_pretrain import train_pretrain
+
+    preset = dataclasses.replace(TINY_PRESET, pretrain=dataclasses.replace(TINY_PRESET.pretrain, num_candidates=1,
+                                                                         steps=2, refresh_every=5))
+    train_pretrain(tiny_corpus.folder, tmp_path / "null", "random", "random", preset, progress=False)
+    metrics = _metrics(tmp_path / "null")
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["p_null"] == 1.0 for m in metrics)
+    assert "index_version" not in metrics[0] and not (tmp_path / "null" / "index").exists()
