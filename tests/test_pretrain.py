@@ -229,3 +229,41 @@ def test_null_only_baseline_trains_without_an_index(tmp_path, tiny_corpus):
     metrics = _metrics(tmp_path / "null")
     assert [m["step"] for m in metrics] == [1, 2] and all(m["p_null"] == 1.0 for m in metrics)
     assert "index_version" not in metrics[0] and not (tmp_path / "null" / "index").exists()
+
+
+@pytest.mark.slow
+def test_training_survives_a_dead_builder(tmp_path, tiny_corpus, monkeypatch):
+    import subprocess
+    import sys
+
+    import realm.train_pretrain as recipe
+
+    monkeypatch.setattr(recipe, "start_builder",
+                        lambda *a: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]))
+    preset = dataclasses.replace(TINY_PRESET, pretrain=dataclasses.replace(TINY_PRESET.pretrain, refresh_every=1))
+    recipe.train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", preset, progress=False)
+    metrics = _metrics(tmp_path / "run")
+    assert [m["index_version"] for m in metrics] == [1, 1, 1, 1]  # the bootstrap index, never replaced
+    assert [m["staleness_steps"] for m in metrics] == [1, 2, 3, 4]
+    assert metrics[-1]["builder_alive"] == 0.0
+    assert len(list((tmp_path / "run" / "snapshots").glob("step-*"))) == 2  # snapshots kept coming
+
+
+def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
+    from realm.embed import BlockEmbedder
+    from realm.index import build_index
+    from realm.mlm_eval import masked_span_accuracy
+    from realm.pretrain_data import SentenceSet, build_sentences
+    from realm.reader import Reader
+    from realm.realm_model import RealmModel
+
+    model = RealmModel(Retriever.load("random", TINY_PRESET.retriever), Reader.load("random", NO_DROPOUT_SHAPE))
+    embedder = BlockEmbedder(model.retriever.doc_tower, model.retriever.tokenizer, tiny_corpus.config, TINY_EMBED)
+    build_index(tiny_corpus, embedder, model.retriever.doc_fingerprint(), tmp_path / "index", TINY_EMBED,
+                IndexConfig(), model.retriever.config, progress=False)
+    sentences = SentenceSet(build_sentences(tiny_corpus, progress=False), 0.0)
+    alone = masked_span_accuracy(model, sentences, tiny_corpus, None, 3, 32)
+    retrieved = masked_span_accuracy(model, sentences, tiny_corpus, MipsIndex(tmp_path / "index"), 3, 32)
+    assert alone["sentences"] == retrieved["sentences"] == len(sentences) > 0
+    assert alone["p_null"] == 1.0 and alone["utility"] == 0.0 and retrieved["p_null"] < 1.0
+    assert 0 <= retrieved["span_accuracy"] <= 100 and 0 <= retrieved["token_accuracy"] <= 100

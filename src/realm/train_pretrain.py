@@ -117,8 +117,8 @@ def train_pretrain(corpus: Path, out: Path, retriever_spec: str, reader_spec: st
         build_from_retriever(model.retriever, store, index_dir, preset.embed, preset.index, step, time.time(), progress)
     if d.world_size > 1:
         dist.barrier()
+    (out / "snapshots" / STOP_FILE).unlink(missing_ok=True)  # left by an earlier run's clean exit
     builder = start_builder(out, Path(corpus), preset, policy) if d.main and not policy.frozen else None
-    (out / "snapshots" / STOP_FILE).unlink(missing_ok=True)
     index = MipsIndex(index_dir) if retrieval else None
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
     metrics_log = MetricsLog(out, cfg.steps, step, d, "REALM", progress)
