@@ -267,3 +267,17 @@ def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
     assert alone["sentences"] == retrieved["sentences"] == len(sentences) > 0
     assert alone["p_null"] == 1.0 and alone["utility"] == 0.0 and retrieved["p_null"] < 1.0
     assert 0 <= retrieved["span_accuracy"] <= 100 and 0 <= retrieved["token_accuracy"] <= 100
+
+
+def test_ict_trains_both_towers_and_resumes(tmp_path, tiny_corpus):
+    from realm.train_ict import ict_pair, train_ict
+
+    query, context = ict_pair("First sentence here. Second one follows. Third ends it.", np.random.default_rng(0), 1.0)
+    assert query and query not in context  # removed from its context
+    preset = dataclasses.replace(TINY_PRESET, ict=dataclasses.replace(TINY_PRESET.ict, steps=2, batch_size=4,
+                                                                    checkpoint_every=1, log_every=1))
+    folder = train_ict(tiny_corpus.folder, tmp_path / "ict", "random", preset, progress=False, steps=2)
+    trained = Retriever.load(str(folder), TINY_PRESET.retriever)
+    assert trained.doc_fingerprint() != Retriever.load("random", TINY_PRESET.retriever).doc_fingerprint()
+    train_ict(tiny_corpus.folder, tmp_path / "ict", "random", preset, resume=True, progress=False, steps=3)
+    assert [m["step"] for m in _metrics(tmp_path / "ict")] == [1, 2, 3]

@@ -33,6 +33,7 @@ from realm.training import (
     latest_checkpoint,
     linear_schedule,
     load_checkpoint,
+    optimizer_step,
     save_checkpoint,
     setup_distributed,
 )
@@ -111,10 +112,7 @@ def train_ict(corpus: Path, out: Path, model_spec: str, preset: Preset, resume: 
         with autocast(dtype, device):
             loss, accuracy = trained({k: v.to(device) for k, v in query.items()}, {k: v.to(device) for k, v in docs.items()})
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(model, optimizer, scheduler)
         step += 1
         metrics_log.step(step, {"loss": loss.item(), "accuracy": accuracy.item(), "lr": scheduler.get_last_lr()[0]},
                          log_now=step % cfg.log_every == 0 or step == steps)

@@ -41,6 +41,7 @@ from realm.training import (
     latest_checkpoint,
     linear_schedule,
     load_checkpoint,
+    optimizer_step,
     save_checkpoint,
     setup_distributed,
 )
@@ -144,10 +145,7 @@ def train_pretrain(corpus: Path, out: Path, retriever_spec: str, reader_spec: st
                 batch = make_batch(queries, retrieved, store, tokenizer, store.config).to(device)
                 loss, stats = trained(batch)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(model, optimizer, scheduler)
             step += 1
 
             builder_alive = builder is None or builder.poll() is None

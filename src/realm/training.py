@@ -125,6 +125,14 @@ def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int) -
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, max_grad_norm: float = 1.0) -> None:
+    """Clip (BERT: global norm 1.0), step the optimiser and the schedule, clear the gradients."""
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def autocast(dtype: torch.dtype, device: torch.device):
     """bf16 autocast where the embedder would use bf16 (CPUs with AVX-512-BF16/AMX, GPUs); else a no-op."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
