@@ -13,7 +13,7 @@ import torch
 from realm.corpus import BlockStore
 from realm.index import MipsIndex
 from realm.pretrain_data import SentenceSet, mask_sentence
-from realm.realm_model import RealmModel, make_batch, pad_queries, select_candidates
+from realm.realm_model import RealmModel, make_batch, pad_queries, retrieve
 from realm.training import example_rng
 
 EVAL_SEED = 12345
@@ -37,9 +37,8 @@ def masked_span_accuracy(model: RealmModel, sentences: SentenceSet, store: Block
         retrieved = np.empty((len(queries), 0), dtype=np.int64)
         if index is not None and num_candidates > 1:
             query, *_ = pad_queries(queries, tokenizer.pad_token_id)
-            vectors = model.retriever.query_tower(**query).float().numpy()
-            _, ids = index.search(vectors, num_candidates - 1 + 8)
-            retrieved = select_candidates(ids, block_doc_ids, [sentences.doc_ids[i] for i in rows], num_candidates - 1)
+            retrieved = retrieve(model, index, query, block_doc_ids, [sentences.doc_ids[i] for i in rows],
+                                 num_candidates - 1)
         batch = make_batch(queries, retrieved, store, tokenizer, store.config)
         _, stats = model(batch)
         hits = stats["correct"]  # (B, M) bool, False on padding

@@ -21,10 +21,12 @@ from torch import nn
 from realm.config import CorpusConfig
 from realm.corpus import BlockStore
 from realm.embed import encode_blocks, pad_batch
+from realm.index import MipsIndex
 from realm.pretrain_data import MaskedQuery
 from realm.reader import Reader
 from realm.retriever import Retriever
 
+EXTRA_RETRIEVED = 8  # retrieve this many more than needed, so candidates survive the trivial-retrieval filter
 NULL_BLOCK = -1  # candidate id of the null document (and of padding where too few blocks remain)
 
 
@@ -51,6 +53,15 @@ def select_candidates(retrieved: np.ndarray, block_doc_ids: np.ndarray, source_d
         keep = [int(i) for i in row if i >= 0 and block_doc_ids[i] != source][:num_retrieved]
         out[b, : len(keep)] = keep
     return out
+
+
+def retrieve(model: RealmModel, index: MipsIndex, query: dict[str, torch.Tensor], block_doc_ids: np.ndarray,
+             source_doc_ids: list[str], num_retrieved: int) -> np.ndarray:
+    """Top candidates for masked queries from the (possibly stale) index, trivial ones dropped: (B, K-1)."""
+    with torch.no_grad():
+        vectors = model.retriever.query_tower(**query).float().cpu().numpy()
+    _, ids = index.search(vectors, num_retrieved + EXTRA_RETRIEVED)
+    return select_candidates(ids, block_doc_ids, source_doc_ids, num_retrieved)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from realm.embed import default_device, resolve_compute_dtype
 from realm.index import MipsIndex, current_version
 from realm.pretrain_data import SentenceSet, build_sentences, mask_sentence
 from realm.reader import Reader
-from realm.realm_model import RealmModel, make_batch, pad_queries, select_candidates
+from realm.realm_model import RealmModel, make_batch, pad_queries, retrieve
 from realm.refresh import STOP_FILE, RefreshPolicy, build_from_retriever, save_snapshot
 from realm.retriever import Retriever
 from realm.training import (
@@ -48,7 +48,6 @@ from realm.training import (
 
 log = logging.getLogger(__name__)
 
-EXTRA_RETRIEVED = 8  # retrieve this many more than needed, so candidates survive the trivial-retrieval filter
 
 
 def start_builder(out: Path, corpus: Path, preset: Preset, policy: RefreshPolicy) -> subprocess.Popen:
@@ -66,15 +65,6 @@ def _mean_over_ranks(values: dict[str, float], d: Dist) -> dict[str, float]:
     tensor = torch.tensor(list(values.values()), dtype=torch.float64)
     dist.all_reduce(tensor)
     return dict(zip(values, (tensor / d.world_size).tolist()))
-
-
-def retrieve(model: RealmModel, index: MipsIndex, query: dict[str, torch.Tensor], block_doc_ids: np.ndarray,
-             source_doc_ids: list[str], num_retrieved: int) -> np.ndarray:
-    """Top candidates for the masked queries from the (possibly stale) index, trivial ones dropped: (B, K-1)."""
-    with torch.no_grad():
-        vectors = model.retriever.query_tower(**query).float().cpu().numpy()
-    _, ids = index.search(vectors, num_retrieved + EXTRA_RETRIEVED)
-    return select_candidates(ids, block_doc_ids, source_doc_ids, num_retrieved)
 
 
 def train_pretrain(corpus: Path, out: Path, retriever_spec: str, reader_spec: str, preset: Preset,
