@@ -20,7 +20,7 @@ from realm.pretrain_data import date_spans, mask_sentence, merge_spans
 from realm.realm_model import NULL_BLOCK, make_batch, marginal_mlm_loss, select_candidates
 from realm.refresh import RefreshPolicy, index_source_step, list_snapshots, refresh_loop, save_snapshot
 from realm.retriever import Retriever
-from realm.training import DataOrder, DataPosition
+from realm.training import DataOrder, DataPosition, bert_optimizer, linear_schedule
 
 NO_DROPOUT_SHAPE = dataclasses.replace(TINY_SHAPE, dropout=0.0)
 TINY_PRESET = Preset(
@@ -128,6 +128,21 @@ def test_refresh_policy():
     frozen = RefreshPolicy(0)
     assert frozen.frozen and not any(frozen.should_snapshot(s) for s in range(1000))
     assert not frozen.should_rebuild(100, None)
+    late = RefreshPolicy(every_steps=50, start_step=100)
+    assert [s for s in range(0, 201) if late.should_snapshot(s)] == [150, 200]
+
+
+def test_towers_keep_zero_lr_until_their_start():
+    model = torch.nn.ModuleDict({"retriever": torch.nn.Linear(2, 2), "reader": torch.nn.Linear(2, 2)})
+    optimizer = bert_optimizer(model, 1.0, prefix_lrs={"retriever.": 0.1})
+    scheduler = linear_schedule(optimizer, warmup=2, total=10, start_at={"retriever.": 4})
+    rates = []
+    for _ in range(10):
+        rates.append({g["prefix"]: round(g["lr"], 4) for g in optimizer.param_groups})
+        optimizer.step()
+        scheduler.step()
+    assert [r["retriever."] for r in rates] == [0, 0, 0, 0, 0.05, 0.1, 0.1, 0.075, 0.05, 0.025]
+    assert [r[""] for r in rates] == [0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125]
 
 
 def test_builder_publishes_newer_snapshots(tmp_path, tiny_corpus):

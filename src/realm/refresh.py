@@ -31,16 +31,18 @@ STOP_FILE = "STOP"
 
 @dataclass(frozen=True)
 class RefreshPolicy:
-    """When the trainer snapshots, when the builder rebuilds, when the trainer reloads. every_steps=0: frozen."""
+    """When the trainer snapshots, when the builder rebuilds, when the trainer reloads. every_steps=0: frozen.
+    No snapshots up to `start_step` (the retriever is not training yet, so the index would not change)."""
 
     every_steps: int
+    start_step: int = 0
 
     @property
     def frozen(self) -> bool:
         return self.every_steps <= 0
 
     def should_snapshot(self, step: int) -> bool:
-        return not self.frozen and step > 0 and step % self.every_steps == 0
+        return not self.frozen and step > self.start_step and step % self.every_steps == 0
 
     def should_rebuild(self, newest_snapshot_step: int | None, index_step: int | None) -> bool:
         """Rebuild when a snapshot newer than the one behind the current index exists."""

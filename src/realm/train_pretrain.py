@@ -76,7 +76,7 @@ def train_pretrain(corpus: Path, out: Path, retriever_spec: str, reader_spec: st
     torch.manual_seed(cfg.seed + d.rank)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    policy = RefreshPolicy(cfg.refresh_every)
+    policy = RefreshPolicy(cfg.refresh_every, start_step=cfg.retriever_frozen_steps)
     store = BlockStore(corpus)
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
     if d.main:
@@ -90,9 +90,12 @@ def train_pretrain(corpus: Path, out: Path, retriever_spec: str, reader_spec: st
     model.to(device).train()
     tokenizer = model.retriever.tokenizer
     # The decoder is tied to the word embeddings (trained at the base rate); the transform and bias are fresh.
-    optimizer = bert_optimizer(model, cfg.lr, fast_prefix="reader.mlm.cls.",
-                               fast_multiplier=cfg.head_lr_multiplier)
-    scheduler = linear_schedule(optimizer, cfg.warmup_steps, cfg.steps)
+    # Until the head predicts something, the retrieval gradient is noise that Adam would turn into full-size
+    # steps on the towers (this collapsed the retriever on the cpu preset), so the towers may start later.
+    optimizer = bert_optimizer(model, cfg.lr, prefix_lrs={"reader.mlm.cls.": cfg.lr * cfg.head_lr_multiplier,
+                                                          "retriever.": cfg.retriever_lr or cfg.lr})
+    scheduler = linear_schedule(optimizer, cfg.warmup_steps, cfg.steps,
+                                start_at={"retriever.": cfg.retriever_frozen_steps})
     step, position = 0, DataPosition()
     found = latest_checkpoint(out) if resume else None
     if found is not None:

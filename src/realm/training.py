@@ -101,28 +101,40 @@ def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 
 # -- optimisation ---------------------------------------------------------------------------------
-def bert_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.01, fast_prefix: str | None = None,
-                   fast_multiplier: float = 1.0) -> torch.optim.AdamW:
-    """BERT's default optimiser: AdamW, eps 1e-6, no weight decay on biases and LayerNorm. Parameters
-    under `fast_prefix` (a freshly initialised head) get `fast_multiplier` times the learning rate."""
-    groups: dict[tuple[bool, bool], list] = {}
+def bert_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.01,
+                   prefix_lrs: dict[str, float] | None = None) -> torch.optim.AdamW:
+    """BERT's default optimiser: AdamW, eps 1e-6, no weight decay on biases and LayerNorm. Parameters whose
+    name starts with a key of `prefix_lrs` get that learning rate (first match); each group records its
+    prefix ("" for the rest) so a schedule can treat it apart."""
+    prefix_lrs = prefix_lrs or {}
+    groups: dict[tuple[bool, str], list] = {}
     for name, param in model.named_parameters():
         if param.requires_grad:
             no_decay = param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name
-            fast = fast_prefix is not None and name.startswith(fast_prefix)
-            groups.setdefault((no_decay, fast), []).append(param)
+            prefix = next((p for p in prefix_lrs if name.startswith(p)), "")
+            groups.setdefault((no_decay, prefix), []).append(param)
     return torch.optim.AdamW([{"params": params, "weight_decay": 0.0 if no_decay else weight_decay,
-                               "lr": lr * (fast_multiplier if fast else 1.0)}
-                              for (no_decay, fast), params in sorted(groups.items())], lr=lr, eps=1e-6)
+                               "lr": prefix_lrs.get(prefix, lr), "prefix": prefix}
+                              for (no_decay, prefix), params in sorted(groups.items())], lr=lr, eps=1e-6)
 
 
-def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int) -> torch.optim.lr_scheduler.LambdaLR:
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / max(1, warmup)
-        return max(0.0, (total - step) / max(1, total - warmup))
+def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int,
+                    start_at: dict[str, int] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up then linear decay to 0 at `total`. Groups whose prefix is in `start_at` keep a zero
+    learning rate until that step, then warm up from there (e.g. a retriever frozen while a fresh head learns)."""
+    start_at = start_at or {}
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    def factor_from(start: int):
+        def factor(step: int) -> float:
+            if step < start:
+                return 0.0
+            if step < start + warmup:
+                return (step - start + 1) / max(1, warmup)
+            return max(0.0, (total - step) / max(1, total - start - warmup))
+        return factor
+
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, [factor_from(start_at.get(group.get("prefix", ""), 0)) for group in optimizer.param_groups])
 
 
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, max_grad_norm: float = 1.0) -> None:
