@@ -88,6 +88,8 @@ class PretrainConfig:
     batch_size: int = 512
     lr: float = 3e-5
     head_lr_multiplier: float = 1.0  # the reader's masked-LM head; >1 when it starts fresh (MiniLM has none)
+    retriever_lr: float | None = None  # both towers; None: `lr`
+    retriever_frozen_steps: int = 0  # towers keep lr 0 this long, while a fresh head learns to read
     warmup_steps: int = 10_000
     num_candidates: int = 8  # including the null document, which is always first
     max_masks: int = 10
@@ -100,6 +102,30 @@ class PretrainConfig:
 
 
 @dataclass(frozen=True)
+class QAConfig:
+    """Open-QA fine-tuning (ORQA settings: lr 1e-5, top-5 blocks to the reader, retrieval beam 5000, span
+    hidden 256, spans of at most 10 wordpieces). Questions are cut to the retriever's query length."""
+
+    epochs: int = 2
+    batch_size: int = 16
+    lr: float = 1e-5
+    head_lr_multiplier: float = 1.0  # the span head starts fresh
+    retriever_lr: float | None = None  # the query tower; None: `lr`
+    top_k: int = 5  # blocks given to the reader
+    beam: int = 5000  # blocks searched for the early-update retrieval loss
+    span_hidden: int = 256
+    max_span_width: int = 10
+    dev_limit: int | None = None  # dev questions scored after each epoch (None: all)
+    checkpoint_every: int = 500
+    log_every: int = 10
+    seed: int = 0
+
+    def warmup_steps(self, total_steps: int) -> int:
+        """ORQA: min(10000, max(100, steps / 10))."""
+        return min(10_000, max(100, total_steps // 10))
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     corpus: CorpusConfig
@@ -108,6 +134,7 @@ class Preset:
     index: IndexConfig
     ict: ICTConfig = field(default_factory=ICTConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    qa: QAConfig = field(default_factory=QAConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -126,7 +153,10 @@ PRESETS: dict[str, Preset] = {
         index=IndexConfig(),
         ict=ICTConfig(steps=200, batch_size=32, lr=5e-5, warmup_steps=20, checkpoint_every=50, log_every=5),
         pretrain=PretrainConfig(steps=360, batch_size=8, lr=1e-4, head_lr_multiplier=10.0, warmup_steps=20,
-                                num_candidates=4, max_masks=10, refresh_every=40, checkpoint_every=25, log_every=5),
+                                retriever_lr=1e-5, retriever_frozen_steps=120, num_candidates=4, max_masks=10,
+                                refresh_every=40, checkpoint_every=25, log_every=5),
+        qa=QAConfig(epochs=1, batch_size=8, lr=5e-5, head_lr_multiplier=10.0, retriever_lr=1e-5, beam=100,
+                    dev_limit=500, checkpoint_every=50, log_every=5),
     ),
     "paper": Preset(
         name="paper",
