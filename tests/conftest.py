@@ -1,13 +1,20 @@
-"""Shared fixtures: the real tokenizer, a tiny random retriever (2 layers, hidden 32), tiny corpora."""
+"""Shared fixtures: the real tokenizer, a tiny random retriever (2 layers, hidden 32), tiny corpora, a tiny
+random QA model with its index, and the HTTP service over it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from realm.config import CorpusConfig, EmbedConfig, EncoderShape, IndexConfig, RetrieverConfig
+from realm.config import CorpusConfig, EmbedConfig, EncoderShape, IndexConfig, Preset, QAConfig, RetrieverConfig
 from realm.tokenization import load_tokenizer, minilm_dir
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -15,6 +22,12 @@ TINY_SHAPE = EncoderShape(hidden_size=32, num_hidden_layers=2, num_attention_hea
 TINY_RETRIEVER = RetrieverConfig(proj_dim=16, pooling="mean", query_max_tokens=32, shape=TINY_SHAPE)
 TINY_CORPUS = CorpusConfig(max_block_tokens=48, max_title_tokens=8)
 TINY_EMBED = EmbedConfig(batch_size=4, compute_dtype="fp32", storage_dtype="fp32", shard_size=2)
+NO_DROPOUT = dataclasses.replace(TINY_SHAPE, dropout=0.0)
+TINY_QA = QAConfig(epochs=2, batch_size=4, lr=1e-3, head_lr_multiplier=1.0, top_k=3, beam=6, span_hidden=16,
+                   max_span_width=4, checkpoint_every=2, log_every=1)
+TINY_QA_PRESET = Preset(name="cpu", corpus=TINY_CORPUS,
+                        retriever=dataclasses.replace(TINY_RETRIEVER, shape=NO_DROPOUT, dropout=0.0),
+                        embed=TINY_EMBED, index=IndexConfig(), qa=TINY_QA)
 
 DOCS = [
     {"id": "paris", "title": "Paris", "text": "Paris is the capital and largest city of France. "
@@ -59,3 +72,59 @@ def tiny_index_config(**changes) -> IndexConfig:
     import dataclasses
 
     return dataclasses.replace(IndexConfig(), **changes)
+
+
+def build_tiny_index(store, retriever, index_dir: Path, **index_changes):
+    """Embed `store` with `retriever`'s document tower and publish an index version (the tiny embed settings)."""
+    from realm.embed import BlockEmbedder
+    from realm.index import build_index
+
+    embedder = BlockEmbedder(retriever.doc_tower, retriever.tokenizer, store.config, TINY_EMBED)
+    return build_index(store, embedder, retriever.doc_fingerprint(), index_dir, TINY_EMBED,
+                       tiny_index_config(**index_changes), retriever.config, progress=False)
+
+
+@pytest.fixture
+def tiny_qa(tmp_path: Path, tiny_corpus, tokenizer) -> tuple[Path, Path]:
+    """A tiny random QA model saved to disk and the index its document tower built: (model dir, index dir)."""
+    from realm.qa import QAModel, SpanReader
+    from realm.refresh import build_from_retriever
+    from realm.retriever import Retriever, _random_bert
+
+    retriever = Retriever.load("random", TINY_QA_PRESET.retriever)
+    build_from_retriever(retriever, tiny_corpus, tmp_path / "index", TINY_EMBED, IndexConfig(), 0, 0.0)
+    reader = SpanReader(_random_bert(NO_DROPOUT, len(tokenizer), 7), tokenizer, TINY_QA.span_hidden, TINY_QA.max_span_width)
+    QAModel(retriever, reader).save(tmp_path / "model")
+    return tmp_path / "model", tmp_path / "index"
+
+
+@pytest.fixture
+def qa_service(tiny_qa):
+    """The HTTP service's state over the tiny QA model and its index (dense retrieval, k = TINY_QA.top_k)."""
+    from realm.service import QAService
+
+    model_dir, index_dir = tiny_qa
+    return QAService.load(str(model_dir), index_dir, TINY_QA_PRESET)
+
+
+@contextmanager
+def serving(app) -> Iterator[str]:
+    """Run `app` with uvicorn in a background thread on a free port; yields its base URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()

@@ -8,19 +8,13 @@ import json
 import numpy as np
 import pytest
 from conftest import TINY_EMBED, TINY_RETRIEVER
+from conftest import build_tiny_index as _build
 
 from realm.config import IndexConfig
 from realm.embed import BlockEmbedder
-from realm.index import BUILDING, CURRENT, MipsIndex, MipsIndexError, build_faiss, build_index, current_version, publish
+from realm.index import BUILDING, CURRENT, MipsIndex, MipsIndexError, build_faiss, current_version, publish
 from realm.retriever import Retriever
 from realm.search import BM25Searcher, DenseSearcher, SearchHit
-
-
-def _build(store, retriever, index_dir, **index_changes):
-    embedder = BlockEmbedder(retriever.doc_tower, retriever.tokenizer, store.config, TINY_EMBED)
-    config = dataclasses.replace(IndexConfig(), **index_changes)
-    return build_index(store, embedder, retriever.doc_fingerprint(), index_dir, TINY_EMBED, config,
-                       retriever.config, progress=False)
 
 
 def test_build_search_and_reopen(tmp_path, tiny_corpus, tiny_retriever):

@@ -168,7 +168,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         index = MipsIndex(index_dir)
     seconds["index"] = time.monotonic() - started
 
-    hits = DenseSearcher(index, retriever, store).search(args.query, args.k)
+    hits = DenseSearcher(index, retriever).search(args.query, args.k)  # the index's knowledge: added blocks too
     print(f"[pipeline] {store.meta.num_documents} documents, {len(store)} blocks indexed in {run}; seconds: "
           + ", ".join(f"{stage} {value:.0f}" for stage, value in seconds.items()))
     print(f"[pipeline] query: {args.query}")
@@ -193,10 +193,39 @@ def cmd_index_refresh(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index_add(args: argparse.Namespace) -> int:
+    """New knowledge without retraining: embed documents with the index's own document tower, publish a version."""
+    from realm.index_update import add_documents
+
+    preset = _preset(args)
+    index = MipsIndex(args.index)
+    retriever = _retriever_for_index(args.model, index, preset)
+    done = add_documents(index, args.docs, retriever, preset.embed, preset.index.keep_versions,
+                         skip_bad=args.skip_bad, corpus=args.corpus)
+    print(f"index {args.index} v{done.version}: added {done.documents} documents ({done.blocks} blocks), "
+          f"{done.skipped} bad records skipped; {done.live_blocks} blocks live")
+    return 0
+
+
+def cmd_index_remove(args: argparse.Namespace) -> int:
+    from realm.index_update import remove_documents
+
+    ids = list(args.ids or [])
+    if args.ids_file:
+        ids += [line.strip() for line in Path(args.ids_file).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not ids:
+        raise ValueError("name the documents to remove with --ids and/or --ids-file")
+    done = remove_documents(MipsIndex(args.index), ids, _preset(args).index.keep_versions, corpus=args.corpus)
+    print(f"index {args.index} v{done.version}: removed {done.documents} documents ({done.blocks} blocks); "
+          f"{done.live_blocks} blocks live")
+    return 0
+
+
 def _training_preset(args: argparse.Namespace) -> Preset:
     preset = _preset(args)
     pretrain = preset.pretrain
-    for field in ("steps", "batch_size", "refresh_every", "masking", "num_candidates", "checkpoint_every", "lr"):
+    for field in ("steps", "batch_size", "refresh_every", "masking", "num_candidates", "checkpoint_every", "lr",
+                  "retriever_lr", "retriever_frozen_steps"):
         value = getattr(args, field, None)
         if value is not None:
             pretrain = dataclasses.replace(pretrain, **{field: value})
@@ -225,6 +254,88 @@ def cmd_train_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _qa_preset(args: argparse.Namespace) -> Preset:
+    preset = _preset(args)
+    qa = dataclasses.replace(preset.qa, **{f: getattr(args, f) for f in ("epochs", "batch_size", "lr", "top_k", "beam")
+                                           if getattr(args, f, None) is not None})
+    return dataclasses.replace(preset, qa=qa)
+
+
+def cmd_train_qa(args: argparse.Namespace) -> int:
+    from realm.train_qa import train_qa
+
+    best = train_qa(args.model, Path(args.index), load_qa(args.train), load_qa(args.dev), Path(args.out),
+                    _qa_preset(args), resume=args.resume, progress=not args.quiet)
+    print(f"best model (dev exact match {json.loads((best / 'dev.json').read_text())['exact_match']:.2f}) in {best}")
+    return 0
+
+
+def cmd_eval_qa(args: argparse.Namespace) -> int:
+    from realm.evaluation import is_exact_match
+    from realm.io import write_atomic
+    from realm.qa import load_answerer
+
+    preset = _qa_preset(args)
+    examples = load_qa(args.qa)[: args.limit]
+    answerer = load_answerer(args.model, args.index, preset, args.retriever, corpus=args.corpus)
+    ks = sorted({int(k) for k in args.recall_k.split(",")} | {answerer.k})
+    started = time.monotonic()
+    questions = [e.question for e in examples]
+    hits, answers = [], []
+    for start in range(0, len(questions), answerer.batch_size):
+        part = questions[start : start + answerer.batch_size]
+        rows = answerer.searcher.batch_search(part, max(ks))
+        hits += rows
+        answers += answerer.read(part, [row[: answerer.k] for row in rows])
+    correct = [is_exact_match(a.answer, e) for a, e in zip(answers, examples)]
+    lines = [json.dumps({"question": e.question, "references": list(e.answers), "prediction": a.answer,
+                         "score": a.score, "exact_match": ok, "evidence": [dataclasses.asdict(v) for v in a.evidence]},
+                        ensure_ascii=False) + "\n" for e, a, ok in zip(examples, answers, correct)]
+    write_atomic(Path(args.out), lambda tmp: tmp.write_text("".join(lines)))
+    summary = {"exact_match": round(100.0 * sum(correct) / len(examples), 2),
+               **{k: round(v, 2) for k, v in recall_at_k(examples, hits, ks).items()},
+               "questions": len(examples), "retriever": args.retriever, "reader_top_k": answerer.k,
+               "seconds": round(time.monotonic() - started, 1)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{args.retriever} retrieval + reader on {len(examples)} questions of {args.qa}: "
+              + ", ".join(f"{name} {value}" for name, value in summary.items() if name not in ("questions", "retriever")))
+        print(f"predictions: {args.out}")
+    return 0
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from realm.qa import load_answerer
+
+    answerer = load_answerer(args.model, args.index, _qa_preset(args), args.retriever, corpus=args.corpus)
+    answer = answerer.ask([args.question])[0]
+    if args.json:
+        print(json.dumps(answer.to_dict(), ensure_ascii=False, indent=2))
+        return 0
+    print(f"{answer.answer or '(no answer)'}    p = {answer.score:.3f}\n")
+    bold = sys.stdout.isatty()
+    for rank, ev in enumerate(answer.evidence, start=1):
+        text = ev.text
+        if ev.answer_span is not None:
+            start, end = ev.answer_span
+            text = text[:start] + ("\033[1;4m" if bold else "[[") + text[start:end] + ("\033[0m" if bold else "]]") + text[end:]
+        print(f"{rank}. {ev.title}  p(z|x) = {ev.retrieval_prob:.3f}, share of the answer = {ev.answer_prob:.3f}  "
+              f"(block {ev.block_id})\n   {text}\n")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The model loads once; the service follows the index folder's published version."""
+    import uvicorn
+
+    from realm.service import QAService, create_app
+
+    service = QAService.load(args.model, args.index, _qa_preset(args), args.retriever, corpus=args.corpus)
+    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
+    return 0
+
+
 def _corpus_matches(store: BlockStore, inputs: list[str], preset: Preset) -> bool:
     return store.meta.sources == list(inputs) and store.config == preset.corpus
 
@@ -233,6 +344,15 @@ def _corpus_matches(store: BlockStore, inputs: list[str], preset: Preset) -> boo
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="settings preset (default: cpu)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _answerer_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="a `train qa` output (or minilm, a `train pretrain` output)")
+    parser.add_argument("--index", required=True, help="index built by the model's document tower "
+                        "(a version published later, e.g. by `index add`, is picked up by `serve`)")
+    parser.add_argument("--retriever", choices=["dense", "bm25"], default="dense", help="bm25: same reader, BM25 search")
+    parser.add_argument("--corpus", help="corpus folder, if it moved since the index was built")
+    parser.add_argument("--top-k", type=int, help="blocks given to the reader (default: preset)")
 
 
 def _embedding_options(parser: argparse.ArgumentParser) -> None:
@@ -280,6 +400,23 @@ def build_parser() -> argparse.ArgumentParser:
     _common(refresh)
     refresh.set_defaults(run=cmd_index_refresh)
 
+    add = index.add_parser("add", help="add documents to a live index (embedded by the model that built it)")
+    add.add_argument("--index", required=True)
+    add.add_argument("--docs", required=True, help='JSONL(.gz) of {"id", "title", "text"}')
+    add.add_argument("--model", required=True, help="the model that built the index ('minilm' or a checkpoint folder)")
+    add.add_argument("--corpus", help="corpus folder, if it moved since the index was built")
+    add.add_argument("--skip-bad", action="store_true", help="skip malformed records and count them")
+    _common(add)
+    add.set_defaults(run=cmd_index_add)
+
+    remove = index.add_parser("remove", help="remove documents from a live index")
+    remove.add_argument("--index", required=True)
+    remove.add_argument("--ids", nargs="+", metavar="ID", help="document ids")
+    remove.add_argument("--ids-file", help="file with one document id per line")
+    remove.add_argument("--corpus", help="corpus folder, if it moved since the index was built")
+    _common(remove)
+    remove.set_defaults(run=cmd_index_remove)
+
     train = commands.add_parser("train", help="training recipes").add_subparsers(dest="action", required=True)
     ict = train.add_parser("ict", help="Inverse Cloze Task warm start of the retriever")
     ict.add_argument("--corpus", required=True)
@@ -300,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--steps", type=int)
     pretrain.add_argument("--batch-size", type=int, help="global batch (split across torchrun processes)")
     pretrain.add_argument("--lr", type=float)
+    pretrain.add_argument("--retriever-lr", type=float, help="learning rate of both towers (default: preset)")
+    pretrain.add_argument("--retriever-frozen-steps", type=int,
+                          help="towers stay frozen for the first N steps while the reader's fresh head learns")
     pretrain.add_argument("--num-candidates", type=int, help="candidates per query, the null document included")
     pretrain.add_argument("--masking", choices=["salient", "random-span", "uniform"])
     pretrain.add_argument("--refresh-every", type=int, help="snapshot for the index builder every N steps; 0: frozen")
@@ -330,6 +470,45 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval.add_argument("--json", action="store_true")
     _common(retrieval)
     retrieval.set_defaults(run=cmd_eval_retrieval)
+
+    qa = train.add_parser("qa", help="open-QA fine-tuning over a frozen document index")
+    qa.add_argument("--model", default=MINILM, help="minilm, a `train pretrain` output or a `train qa` output")
+    qa.add_argument("--index", required=True, help="index built by the model's document tower")
+    qa.add_argument("--train", required=True, help="JSONL {question, answer: [...]} (*.regex.jsonl: regexes)")
+    qa.add_argument("--dev", required=True)
+    qa.add_argument("--out", required=True)
+    qa.add_argument("--epochs", type=int)
+    qa.add_argument("--batch-size", type=int)
+    qa.add_argument("--lr", type=float)
+    qa.add_argument("--top-k", type=int, help="blocks given to the reader")
+    qa.add_argument("--beam", type=int, help="blocks searched for the retrieval loss")
+    qa.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    _common(qa)
+    qa.set_defaults(run=cmd_train_qa)
+
+    eval_qa = evaluate.add_parser("qa", help="open-QA exact match, retrieval recall and a predictions file")
+    _answerer_options(eval_qa)
+    eval_qa.add_argument("--qa", required=True)
+    eval_qa.add_argument("--out", required=True, help="predictions JSONL")
+    eval_qa.add_argument("--recall-k", default="1,5,20")
+    eval_qa.add_argument("--limit", type=int)
+    eval_qa.add_argument("--json", action="store_true")
+    _common(eval_qa)
+    eval_qa.set_defaults(run=cmd_eval_qa)
+
+    ask = commands.add_parser("ask", help="answer a question, with the evidence it used")
+    ask.add_argument("question")
+    _answerer_options(ask)
+    ask.add_argument("--json", action="store_true")
+    _common(ask)
+    ask.set_defaults(run=cmd_ask)
+
+    serve = commands.add_parser("serve", help="HTTP API and web page answering questions with their evidence")
+    _answerer_options(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="default: this machine only")
+    serve.add_argument("--port", type=int, default=8000)
+    _common(serve)
+    serve.set_defaults(run=cmd_serve)
 
     pipeline = commands.add_parser("pipeline", help="the main job: corpus -> index -> search")
     pipeline.add_argument("--inputs", nargs="+", default=[VITAL_ARTICLES])

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
@@ -154,7 +155,7 @@ class CorpusMeta:
     build_seconds: float
 
 
-class _Fingerprint:
+class Fingerprint:
     """Running sha256 over block contents: equal fingerprints mean identical corpora."""
 
     def __init__(self, config: CorpusConfig, tokenizer_fp: str):
@@ -178,6 +179,37 @@ def _batches(blocks: Iterator[Block], size: int) -> Iterator[list[Block]]:
         yield batch
 
 
+def split_documents(docs: Iterable[Document], splitter: BlockSplitter, skip_bad: bool,
+                    bad: BadRecords) -> Iterator[list[Block]]:
+    """The blocks of each document in turn; a document that cannot be split is a bad record."""
+    for doc in docs:
+        try:
+            blocks = splitter.split(doc)
+        except CorpusError as err:
+            if not skip_bad:
+                raise
+            bad.add(doc.id, str(err))
+            continue
+        yield blocks
+
+
+def write_blocks(path: Path, blocks: Iterable[Block], first_id: int = 0) -> int:
+    """Stream blocks into an Arrow IPC file at `path` with ids first_id, first_id + 1, ...; returns how many."""
+    count = 0
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
+        for batch in _batches(iter(blocks), 4096):
+            columns = {name: [getattr(b, name) for b in batch] for name in SCHEMA.names if name != "block_id"}
+            columns["block_id"] = list(range(first_id + count, first_id + count + len(batch)))
+            writer.write_batch(pa.record_batch(columns, schema=SCHEMA))
+            count += len(batch)
+    return count
+
+
+def read_blocks(path: Path) -> pa.Table:
+    """A blocks file, memory-mapped: a 13M-block corpus costs no RAM."""
+    return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+
+
 def build_corpus(
     inputs: list[str],
     out_dir: Path,
@@ -194,34 +226,21 @@ def build_corpus(
     out_dir.mkdir(parents=True, exist_ok=True)
     splitter = BlockSplitter(tokenizer, config)
     bad = BadRecords()
-    fingerprint = _Fingerprint(config, tokenizer_fingerprint(tokenizer))
+    fingerprint = Fingerprint(config, tokenizer_fingerprint(tokenizer))
     num_docs = 0
-    num_blocks = 0
 
     def all_blocks() -> Iterator[Block]:
         nonlocal num_docs
-        docs = read_all(inputs, skip_bad, bad)
-        for doc in tqdm(docs, desc="splitting", unit="doc", disable=not progress):
-            try:
-                blocks = splitter.split(doc)
-            except CorpusError as err:
-                if not skip_bad:
-                    raise
-                bad.add(doc.id, str(err))
-                continue
+        docs = tqdm(read_all(inputs, skip_bad, bad), desc="splitting", unit="doc", disable=not progress)
+        for blocks in split_documents(docs, splitter, skip_bad, bad):
             num_docs += 1
-            yield from blocks
+            for block in blocks:
+                fingerprint.update(block)
+                yield block
 
     partial = out_dir / f"blocks.arrow.partial-{os.getpid()}"
     try:
-        with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
-            for batch in _batches(all_blocks(), 4096):
-                for block in batch:
-                    fingerprint.update(block)
-                columns = {name: [getattr(b, name) for b in batch] for name in SCHEMA.names if name != "block_id"}
-                columns["block_id"] = list(range(num_blocks, num_blocks + len(batch)))
-                writer.write_batch(pa.record_batch(columns, schema=SCHEMA))
-                num_blocks += len(batch)
+        num_blocks = write_blocks(partial, all_blocks())
         if num_blocks == 0:
             raise CorpusError(f"no documents in {inputs} (skipped {bad.count} bad records)")
         digest = fingerprint.hexdigest()
@@ -269,8 +288,7 @@ class BlockStore:
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.meta = _read_meta(self.folder)
-        source = pa.memory_map(str(self.folder / self.meta.blocks_file), "r")
-        self.table: pa.Table = pa.ipc.open_file(source).read_all()
+        self.table: pa.Table = read_blocks(self.folder / self.meta.blocks_file)
         if self.table.num_rows != self.meta.num_blocks:
             raise CorpusError(f"{self.folder}: {self.table.num_rows} blocks on disk, metadata says {self.meta.num_blocks}")
 
@@ -284,6 +302,11 @@ class BlockStore:
 
     def __len__(self) -> int:
         return self.table.num_rows
+
+    @property
+    def live_ids(self) -> np.ndarray:
+        """Sorted ids of the blocks that make up the knowledge: all of them (an index version may drop some)."""
+        return np.arange(len(self), dtype=np.int64)
 
     def column(self, name: str) -> list:
         return self.table.column(name).to_pylist()

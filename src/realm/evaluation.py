@@ -46,12 +46,18 @@ def _compile(pattern: str) -> re.Pattern | None:
         return None
 
 
+@lru_cache(maxsize=32768)
+def _padded_normal_form(text: str) -> str:
+    """Normalised block text, cached: training checks the same blocks against many questions."""
+    return f" {normalize_answer(text)} "
+
+
 def has_answer(text: str, example: QAExample) -> bool:
     """Does `text` contain a reference answer (as whole normalised tokens, or matching a regex)?"""
     if example.regex:
         raw = unicodedata.normalize("NFD", text)
         return any((rx := _compile(pattern)) is not None and rx.search(raw) for pattern in example.answers)
-    padded = f" {normalize_answer(text)} "
+    padded = _padded_normal_form(text)
     return any(f" {answer} " in padded for answer in map(normalize_answer, example.answers) if answer)
 
 

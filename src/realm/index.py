@@ -8,6 +8,8 @@ Layout of an index folder:
         block_ids.npy         (N,) int64: row -> block id
         index.faiss           the faiss index (faiss' own format; no pickle)
     building/                 resumable shards of a build in progress (deleted once published)
+    added/                    blocks added by `realm index add` (Arrow, like the corpus), append-only: each
+                              version's meta.json lists the files it layers over the base corpus
 
 A version is written under a temporary name and renamed when complete; CURRENT is switched only
 afterwards. A reader follows CURRENT, so it never sees a half-written index, and an interrupted
@@ -16,21 +18,23 @@ build leaves the previous version live.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import faiss
 import numpy as np
+import pyarrow as pa
 from tqdm import tqdm
 
 from realm.config import EmbedConfig, IndexConfig, RetrieverConfig
-from realm.corpus import BlockStore
+from realm.corpus import BlockStore, read_blocks
 from realm.embed import BlockEmbedder
 from realm.io import fsync_dir, save_npy_atomic, write_atomic, write_json_atomic
 
@@ -40,6 +44,7 @@ FORMAT_VERSION = 1
 CURRENT = "CURRENT"
 VERSIONS = "versions"
 BUILDING = "building"
+ADDED = "added"
 
 
 class MipsIndexError(RuntimeError):
@@ -66,6 +71,8 @@ class IndexMeta:
     # None for an index built from a model outside training.
     checkpoint_step: int | None = None
     checkpoint_time: float | None = None
+    # Blocks added since the build, layered over the corpus in id order: {"file", "first_id", "num_blocks"}.
+    added: list[dict] = field(default_factory=list)
 
 
 # -- faiss ----------------------------------------------------------------------------------------
@@ -95,6 +102,19 @@ def build_faiss(vectors: np.ndarray, config: IndexConfig) -> tuple[faiss.Index, 
         raise ValueError(f"unknown index backend {config.backend!r}; choose flat, hnsw or ivfpq")
     index.add(vectors)
     return index, params
+
+
+def config_of(meta: IndexMeta) -> IndexConfig:
+    """The IndexConfig that rebuilds `meta`'s backend with its recorded parameters (the inverse of build_faiss)."""
+    params = meta.params
+    by_backend = {
+        "flat": {},
+        "hnsw": {"hnsw_m": params.get("m"), "hnsw_ef_construction": params.get("ef_construction"),
+                 "hnsw_ef_search": params.get("ef_search")},
+        "ivfpq": {"ivf_nlist": params.get("nlist"), "ivf_nprobe": params.get("nprobe"), "pq_m": params.get("pq_m"),
+                  "ivf_rerank": params.get("rerank")},
+    }
+    return IndexConfig(backend=meta.backend, **by_backend[meta.backend])
 
 
 def configure_search(index: faiss.Index, backend: str, params: dict) -> None:
@@ -221,6 +241,39 @@ def build_index(store: BlockStore, embedder: BlockEmbedder, doc_fingerprint: str
 
 
 # -- reading --------------------------------------------------------------------------------------
+class LayeredStore(BlockStore):
+    """The knowledge of one index version, with BlockStore's interface: the base corpus, then the blocks added to
+    the index (their ids continue after the corpus, so row = block id still holds), and the version's live ids.
+    Blocks of removed documents keep their rows, so an id means the same block in every file of the folder."""
+
+    def __init__(self, base: BlockStore, added: list[Path], live_ids: np.ndarray):
+        # No BlockStore.__init__: the base corpus is already read and checked.
+        self.folder, self.meta = base.folder, base.meta
+        tables = [base.table]
+        for path in added:
+            table, expected = read_blocks(path), sum(t.num_rows for t in tables)
+            first = table.column("block_id")[0].as_py() if table.num_rows else None
+            if first != expected:
+                raise MipsIndexError(f"{path}: added blocks start at id {first}, expected {expected}")
+            tables.append(table)
+        self.table = pa.concat_tables(tables)
+        self._added = [path.name for path in added]
+        self._live = np.sort(live_ids)
+
+    @property
+    def live_ids(self) -> np.ndarray:
+        return self._live
+
+    @property
+    def fingerprint(self) -> str:
+        """The base corpus's while nothing was added or removed; else a hash of it, the added files and the live ids."""
+        if not self._added and len(self._live) == len(self):
+            return self.meta.fingerprint
+        digest = hashlib.sha256(json.dumps([self.meta.fingerprint, self._added]).encode())
+        digest.update(self._live.tobytes())
+        return digest.hexdigest()[:16]
+
+
 class MipsIndex:
     """One published version of an index, loaded in memory."""
 
@@ -248,14 +301,24 @@ class MipsIndex:
     def embeddings(self) -> np.ndarray:
         return np.load(self.folder / "embeddings.npy", mmap_mode="r")
 
-    def corpus(self, override: str | Path | None = None) -> BlockStore:
-        """The corpus this index was built from (or `override`), checked against the recorded fingerprint."""
+    def corpus(self, override: str | Path | None = None) -> LayeredStore:
+        """This version's knowledge: the corpus the index was built from (or `override`), checked against the
+        recorded fingerprint, with the blocks added since layered over it."""
         path = Path(override) if override else self.index_dir / self.meta.corpus_path
         store = BlockStore(path)
         if store.fingerprint != self.meta.corpus_fingerprint:
             raise MipsIndexError(f"corpus {path} has fingerprint {store.fingerprint} but index {self.index_dir} was "
                               f"built from {self.meta.corpus_fingerprint}; rebuild the index")
-        return store
+        return LayeredStore(store, [self.index_dir / entry["file"] for entry in self.meta.added], self.block_ids)
+
+    def check_doc_tower(self, fingerprint: str) -> None:
+        """Refuse another model's document tower: its query scores and added vectors would be meaningless here."""
+        if fingerprint != self.meta.doc_tower_fingerprint:
+            raise MipsIndexError(
+                f"the model's document tower (fingerprint {fingerprint}) is not the one that built index "
+                f"{self.index_dir} ({self.meta.doc_tower_fingerprint}): its scores would be meaningless. "
+                "Use the model that built the index, or rebuild the index with this model."
+            )
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(Q, D) float32 -> scores (Q, k) and block ids (Q, k), best first; -1 ids pad short results."""

@@ -13,7 +13,7 @@ import bm25s
 import numpy as np
 
 from realm.corpus import BlockStore
-from realm.index import MipsIndex, MipsIndexError
+from realm.index import MipsIndex
 from realm.retriever import Retriever
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
@@ -53,13 +53,7 @@ class DenseSearcher:
     """MIPS over Embed_doc with queries embedded by Embed_input; refuses an index built by another doc tower."""
 
     def __init__(self, index: MipsIndex, retriever: Retriever, corpus: BlockStore | None = None):
-        fingerprint = retriever.doc_fingerprint()
-        if fingerprint != index.meta.doc_tower_fingerprint:
-            raise MipsIndexError(
-                f"the model's document tower (fingerprint {fingerprint}) is not the one that built index "
-                f"{index.index_dir} ({index.meta.doc_tower_fingerprint}): its scores would be meaningless. "
-                "Search with the model that built the index, or rebuild the index with this model."
-            )
+        index.check_doc_tower(retriever.doc_fingerprint())
         self.index = index
         self.retriever = retriever
         self.store = corpus or index.corpus()
@@ -74,20 +68,23 @@ class DenseSearcher:
 
 
 class BM25Searcher:
-    """Okapi BM25 (bm25s, English stopwords) over `title + body` of the same blocks."""
+    """Okapi BM25 (bm25s, English stopwords) over `title + body` of the live blocks (an index version's
+    knowledge, without removed documents, when `store` comes from `MipsIndex.corpus()`)."""
 
     def __init__(self, store: BlockStore):
         self.store = store
+        self.ids = store.live_ids  # BM25 row -> block id
         titles, bodies = store.slice(0, len(store))
-        tokens = bm25s.tokenize([f"{t}\n{b}" for t, b in zip(titles, bodies)], stopwords="en", show_progress=False)
+        texts = [f"{titles[i]}\n{bodies[i]}" for i in self.ids]
+        tokens = bm25s.tokenize(texts, stopwords="en", show_progress=False)
         self.model = bm25s.BM25()
         self.model.index(tokens, show_progress=False)
 
     def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
-        k = min(k, len(self.store))
+        k = min(k, len(self.ids))
         tokens = bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
-        ids, scores = self.model.retrieve(tokens, k=k, show_progress=False, n_threads=0)
-        ids = np.where(scores > 0, ids, -1)  # a block sharing no term with the query is not a hit
+        rows, scores = self.model.retrieve(tokens, k=k, show_progress=False, n_threads=0)
+        ids = np.where(scores > 0, self.ids[rows], -1)  # a block sharing no term with the query is not a hit
         return _hits(self.store, scores, ids)
 
     def search(self, query: str, k: int) -> list[SearchHit]:

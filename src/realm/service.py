@@ -1,0 +1,156 @@
+"""`realm serve`: an HTTP service and a web page that answer questions with the evidence behind them.
+
+The model is loaded once. Every request first checks the index folder's CURRENT version (a tiny file read);
+when another process published a new one (`realm index add|remove`, a rebuild), the searcher is rebuilt
+over it and the model is kept. One lock serialises the swap and the inference: torch inference on one
+model is not safe to interleave, and FastAPI runs these sync endpoints in a thread pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+from realm.config import Preset
+from realm.index import MipsIndex, MipsIndexError, current_version
+from realm.qa import Answerer, load_answerer, open_searcher
+from realm.search import Searcher
+
+log = logging.getLogger(__name__)
+
+MAX_QUESTION_CHARS = 1000  # longer input is not a question; the query tower reads only its first tokens anyway
+MAX_K = 20  # blocks read per question: the reader's cost grows linearly with k
+
+
+def _not_blank(question: str) -> str:
+    if not question.strip():
+        raise PydanticCustomError("blank_question", "the question is empty")
+    return question.strip()
+
+
+class AskRequest(BaseModel):
+    """Strict types: a number is not a question, and "3" or true is not a k."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    question: Annotated[str, Field(max_length=MAX_QUESTION_CHARS), AfterValidator(_not_blank)]
+    k: Annotated[int | None, Field(ge=1, le=MAX_K)] = None
+
+
+@dataclass(frozen=True)
+class Knowledge:
+    """A searcher over one index version, replaced as a whole so that /health never sees a half-made swap."""
+
+    version: int
+    searcher: Searcher
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.searcher.store.live_ids)
+
+
+class QAService:
+    """An Answerer whose searcher follows the index folder's CURRENT version; one inference at a time."""
+
+    def __init__(self, answerer: Answerer, index_dir: str | Path, version: int, model_spec: str, retriever: str,
+                 corpus: str | Path | None = None):
+        self.answerer = answerer  # the model and reader; the live searcher is `self.knowledge.searcher`
+        self.index_dir = Path(index_dir)
+        self.model_spec = model_spec
+        self.retriever = retriever
+        self.corpus = corpus
+        self.knowledge = Knowledge(version, answerer.searcher)
+        self._unservable: int | None = None  # a published version that failed to load: not retried
+        self._lock = threading.RLock()
+
+    @classmethod
+    def load(cls, model_spec: str, index_dir: str | Path, preset: Preset, retriever: str = "dense",
+             k: int | None = None, corpus: str | Path | None = None) -> QAService:
+        """The version is read before loading: if a newer one lands meanwhile, the first request swaps to it."""
+        version = current_version(Path(index_dir))
+        answerer = load_answerer(model_spec, index_dir, preset, retriever, k, corpus, version)
+        return cls(answerer, index_dir, version, model_spec, retriever, corpus)
+
+    def refresh(self) -> None:
+        """Swap to the published version if it changed. One that cannot be served (unreadable, pruned meanwhile,
+        built by another document tower) is logged once and the current one kept: stale answers beat none."""
+        with self._lock:
+            try:
+                version = current_version(self.index_dir)
+            except (OSError, ValueError) as err:
+                log.warning("index %s: unreadable CURRENT (%s); keeping v%d", self.index_dir, err,
+                            self.knowledge.version)
+                return
+            if version in (None, self.knowledge.version, self._unservable):
+                return
+            try:
+                searcher = open_searcher(MipsIndex(self.index_dir, version), self.retriever,
+                                         self.answerer.model.retriever, self.corpus)
+            except (MipsIndexError, OSError, ValueError) as err:
+                log.warning("index %s: cannot serve v%d (%s); keeping v%d", self.index_dir, version, err,
+                            self.knowledge.version)
+                self._unservable = version
+                return
+            self.knowledge = Knowledge(version, searcher)
+            log.info("index %s: now serving v%d (%d blocks)", self.index_dir, version, self.knowledge.num_blocks)
+
+    def ask(self, question: str, k: int | None = None) -> dict:
+        """The answer with its evidence, from the latest servable index version (named in the reply)."""
+        with self._lock:
+            self.refresh()
+            hits = self.knowledge.searcher.batch_search([question], k or self.answerer.k)
+            answer = self.answerer.read([question], hits)[0]
+            return {**answer.to_dict(), "index_version": self.knowledge.version}
+
+    def health(self) -> dict:
+        """Lock-free, so that it answers while a question is being read."""
+        knowledge = self.knowledge
+        return {"status": "ok", "index_version": knowledge.version, "num_blocks": knowledge.num_blocks,
+                "model": self.model_spec, "retriever": self.retriever, "k": self.answerer.k}
+
+
+def _message(err: RequestValidationError) -> str:
+    """One readable line per problem, e.g. `question: the question is empty`."""
+    parts = []
+    for error in err.errors():
+        if error["type"] == "json_invalid":  # its loc holds a character position, not a field
+            parts.append(f"body: not valid JSON ({error['ctx']['error']} at character {error['loc'][-1]})")
+        else:
+            parts.append(f"{'.'.join(str(p) for p in error['loc'][1:]) or 'body'}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def create_app(service: QAService) -> FastAPI:
+    """The HTTP API over a loaded service, and the page that uses it."""
+    app = FastAPI(title="realm", summary="Open-domain questions answered with retrieved evidence")
+    page = (files("realm") / "web" / "index.html").read_text(encoding="utf-8")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        """A clear message in `detail`, which the page shows as it is."""
+        if request.method == "POST" and "json" not in request.headers.get("content-type", ""):
+            return JSONResponse({"detail": "body: send JSON (Content-Type: application/json)"}, status_code=415)
+        return JSONResponse({"detail": _message(err)}, status_code=422)
+
+    @app.get("/", response_class=HTMLResponse)
+    def index_page() -> str:
+        return page
+
+    @app.get("/health")
+    def health() -> dict:
+        return service.health()
+
+    @app.post("/ask")
+    def ask(request: AskRequest) -> dict:
+        return service.ask(request.question, request.k)
+
+    return app

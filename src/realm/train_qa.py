@@ -1,0 +1,156 @@
+"""Open-QA fine-tuning recipe (ORQA/REALM): the document index stays frozen; the query tower and the
+span reader train on log p(y | x) (see qa.py) plus the early-update retrieval loss over the beam.
+
+Per step: embed the questions, search the frozen index for the beam, mark the beam blocks holding an
+answer, give the top k to the reader with every span that reads as an answer, step. After each epoch,
+exact match on the dev questions; the best model is kept in out/best (retriever/ + reader/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from realm.config import Preset
+from realm.corpus import BlockStore
+from realm.embed import default_device, resolve_compute_dtype
+from realm.evaluation import QAExample, has_answer, is_exact_match
+from realm.index import MipsIndex
+from realm.io import write_dir_atomic
+from realm.qa import Answerer, QABatch, QAModel, matching_spans, reader_batch, stored_vectors
+from realm.search import DenseSearcher
+from realm.training import (
+    DataOrder,
+    DataPosition,
+    MetricsLog,
+    autocast,
+    bert_optimizer,
+    latest_checkpoint,
+    linear_schedule,
+    load_checkpoint,
+    optimizer_step,
+    save_checkpoint,
+    setup_distributed,
+)
+
+log = logging.getLogger(__name__)
+
+BEST = "best"
+
+
+def make_qa_batch(model: QAModel, examples: Sequence[QAExample], index: MipsIndex, store: BlockStore, k: int,
+                  beam: int) -> QABatch:
+    """Retrieve the beam with the current query tower (no gradient here) and label answers and spans."""
+    questions = [e.question for e in examples]
+    query = model.retriever.encode_queries(questions)
+    with torch.no_grad():
+        vectors = model.retriever.query_tower(**query).float().cpu().numpy()
+    _, ids = index.search(vectors, max(beam, k))  # (B, R), best first
+    valid = ids >= 0
+    unique = np.unique(ids[valid])
+    bodies = dict(zip(unique.tolist(), (b.body for b in store.take(unique.tolist()))))
+    beam_answer = np.array([[ok and has_answer(bodies[int(i)], example) for i, ok in zip(row, row_ok)]
+                            for example, row, row_ok in zip(examples, ids, valid)])
+    beam_vectors = stored_vectors(index, np.where(valid, ids, index.block_ids[0]))  # (B, R, D)
+    top = ids[:, :k]
+    if (top < 0).any():
+        raise ValueError(f"the index holds fewer than k={k} blocks")
+    blocks = [model.blocks([bodies[int(i)] for i in row], store.config.max_block_tokens) for row in top]
+    reader = reader_batch(model.reader.tokenizer, model.question_ids(questions), blocks)
+    match = torch.zeros_like(reader.span_valid)
+    for n, (example, block_id, spans) in enumerate((e, int(i), s) for e, row, srow in zip(examples, top, blocks)
+                                                   for i, s in zip(row, srow)):
+        labels = matching_spans(bodies[block_id], spans, example)
+        match[n, : len(labels)] = torch.tensor(labels, dtype=torch.bool)
+    return QABatch(dict(query), beam_vectors, torch.from_numpy(valid), torch.from_numpy(beam_answer), reader, match)
+
+
+def save_best(model: QAModel, folder: Path, dev: dict) -> None:
+    """retriever/, reader/ and dev.json, swapped in together."""
+
+    def write(tmp: Path) -> None:
+        model.save(tmp)
+        (tmp / "dev.json").write_text(json.dumps(dev, indent=2) + "\n")
+
+    write_dir_atomic(folder, write)
+
+
+def exact_match(answerer: Answerer, examples: Sequence[QAExample]) -> float:
+    answers = answerer.ask([e.question for e in examples])
+    return 100.0 * sum(is_exact_match(a.answer, e) for a, e in zip(answers, examples)) / len(examples)
+
+
+def train_qa(model_spec: str, index_dir: Path, train: Sequence[QAExample], dev: Sequence[QAExample], out: Path,
+             preset: Preset, resume: bool = False, progress: bool = True) -> Path:
+    """Fine-tune; returns out/best, the model with the best dev exact match."""
+    cfg = preset.qa
+    d = setup_distributed()
+    device = default_device()
+    dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
+    torch.manual_seed(cfg.seed + d.rank)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    index = MipsIndex(index_dir)
+    store = index.corpus()
+    config = dataclasses.replace(preset.retriever, **index.meta.retriever)  # pooling etc. of the index's model
+    model = QAModel.load(model_spec, config, cfg.span_hidden, cfg.max_span_width)
+    DenseSearcher(index, model.retriever, store)  # refuses an index built by another document tower
+    model.to(device).train()
+    k = min(cfg.top_k, len(index.block_ids))
+    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    total = cfg.epochs * steps_per_epoch
+    optimizer = bert_optimizer(model, cfg.lr, prefix_lrs={"reader.span_head.": cfg.lr * cfg.head_lr_multiplier,
+                                                          "retriever.": cfg.retriever_lr or cfg.lr})
+    scheduler = linear_schedule(optimizer, cfg.warmup_steps(total), total)
+    order = DataOrder(len(train), cfg.seed)
+    step, position, best_em = 0, DataPosition(), -1.0
+    found = latest_checkpoint(out) if resume else None
+    if found is not None:
+        step, position, state = load_checkpoint(found, model, optimizer, scheduler, d)
+        best_em = state.get("best_em", -1.0)
+        log.info("resumed QA fine-tuning from %s (step %d)", found, step)
+    trained = DistributedDataParallel(model) if d.world_size > 1 else model
+    dev_part = list(dev)[: cfg.dev_limit]
+    metrics_log = MetricsLog(out, total, step, d, "QA", progress)
+    try:
+        while step < total:
+            indices, position = order.take(position, cfg.batch_size)
+            local = [train[i] for i in indices[d.rank :: d.world_size]]
+            batch = make_qa_batch(model, local, index, store, k, cfg.beam).to(device)
+            with autocast(dtype, device):
+                loss, stats = trained(batch)
+            loss.backward()
+            optimizer_step(model, optimizer, scheduler)
+            step += 1
+            metrics = {"loss": loss.item(), **{name: v.item() for name, v in stats.items()},
+                       "lr": scheduler.get_last_lr()[0]}
+            end_of_epoch = step % steps_per_epoch == 0 or step == total  # epochs counted in steps
+            epoch = math.ceil(step / steps_per_epoch)
+            if end_of_epoch and d.main:
+                model.eval()
+                em = exact_match(Answerer(model, DenseSearcher(index, model.retriever, store), k,
+                                          store.config.max_block_tokens, dtype=dtype), dev_part)
+                model.train()
+                metrics["dev_em"] = em
+                log.info("epoch %d: dev exact match %.2f on %d questions", epoch, em, len(dev_part))
+                if em > best_em:
+                    best_em = em
+                    save_best(model, out / BEST, {"exact_match": em, "epoch": epoch, "step": step,
+                                                  "questions": len(dev_part), "time": time.time()})
+            metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or end_of_epoch)
+            if step % cfg.checkpoint_every == 0 or end_of_epoch:
+                save_checkpoint(out, step, model, optimizer, scheduler, position, d, extra={"best_em": best_em})
+    finally:
+        metrics_log.close()
+    if d.main:
+        log.info("best dev exact match %.2f: %s", best_em, json.loads((out / BEST / "dev.json").read_text()))
+    return out / BEST

@@ -1,0 +1,155 @@
+"""Open-QA: span marginalisation, answer matching, fine-tuning with resume, answers with evidence, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from conftest import TINY_CORPUS, TINY_QA, TINY_QA_PRESET
+
+from realm.cli import main
+from realm.evaluation import QAExample, is_exact_match, normalize_answer
+from realm.qa import (
+    Answerer,
+    block_spans,
+    load_answerer,
+    marginal_answer_log_likelihood,
+    matching_spans,
+    qa_loss,
+    span_log_probs,
+)
+from realm.retriever import Retriever
+from realm.search import BM25Searcher, DenseSearcher
+from realm.train_qa import train_qa
+
+PRESET = TINY_QA_PRESET
+QUESTIONS = [QAExample("What is the capital of Japan?", ("Tokyo",)),
+             QAExample("Where did Bach die?", ("Leipzig",)),
+             QAExample("Who walked on the Moon in 1969?", ("Neil Armstrong",)),
+             QAExample("Into which sea does the Nile flow?", ("the Mediterranean Sea", "Mediterranean")),
+             QAExample("What does the Louvre hold?", ("the Mona Lisa",)),
+             QAExample("When was Bach born?", (r"16\d\d",), regex=True)]
+
+
+def test_marginal_over_blocks_and_spans_matches_hand_computation():
+    f_beam = torch.tensor([[1.0, 0.0, -1.0]])  # beam of 3; the top 2 go to the reader
+    scores = torch.tensor([[2.0, 0.0, 1.0], [0.5, 0.5, 0.0]])  # (K=2, S=3) span scores
+    valid = torch.tensor([[True, True, True], [True, True, False]])
+    match = torch.tensor([[[False, True, False], [True, False, False]]])  # span 1 of z0, span 0 of z1
+    beam_answer = torch.tensor([[False, True, True]])
+    log_ps = span_log_probs(scores, valid).view(1, 2, 3)
+    loss, stats = qa_loss(f_beam, torch.ones(1, 3, dtype=torch.bool), beam_answer, log_ps, match)
+
+    pz = [math.exp(1) / (math.exp(1) + 1), 1 / (math.exp(1) + 1)]
+    ps0 = [math.exp(s) / sum(math.exp(t) for t in (2.0, 0.0, 1.0)) for s in (2.0, 0.0, 1.0)]
+    ps1 = [0.5, 0.5]  # the third span of z1 is padding
+    p_answer = pz[0] * ps0[1] + pz[1] * ps1[0]
+    beam = [math.exp(v) for v in (1.0, 0.0, -1.0)]
+    p_beam = (beam[1] + beam[2]) / sum(beam)
+    assert stats["reader_loss"].item() == pytest.approx(-math.log(p_answer), rel=1e-5)
+    assert stats["retrieval_loss"].item() == pytest.approx(-math.log(p_beam), rel=1e-5)
+    assert loss.item() == pytest.approx(-math.log(p_answer) - math.log(p_beam), rel=1e-5)
+    assert marginal_answer_log_likelihood(torch.log(torch.tensor([pz])), log_ps, match).exp().item() \
+        == pytest.approx(p_answer, rel=1e-5)
+
+
+def test_unanswerable_examples_add_nothing_and_keep_gradients_finite():
+    f_beam = torch.zeros(2, 3, requires_grad=True)
+    scores = torch.randn(4, 5, requires_grad=True)  # B=2, K=2
+    valid = torch.ones(4, 5, dtype=torch.bool)
+    valid[3] = False  # a block with no span at all (empty body)
+    match = torch.zeros(2, 2, 5, dtype=torch.bool)
+    match[0, 0, 2] = True  # only the first example has an answer in its top 2 ...
+    beam_answer = torch.tensor([[True, False, False], [False, False, False]])  # ... and in its beam
+    loss, stats = qa_loss(f_beam, torch.ones(2, 3, dtype=torch.bool), beam_answer,
+                          span_log_probs(scores, valid).view(2, 2, 5), match)
+    loss.backward()
+    assert torch.isfinite(f_beam.grad).all() and torch.isfinite(scores.grad).all()
+    assert scores.grad[2:].abs().sum() == 0 and f_beam.grad[1].abs().sum() == 0  # example 2 contributes nothing
+    alone, _ = qa_loss(f_beam[:1], torch.ones(1, 3, dtype=torch.bool), beam_answer[:1],
+                       span_log_probs(scores[:2], valid[:2]).view(1, 2, 5), match[:1])
+    assert loss.item() == pytest.approx(alone.item() / 2, rel=1e-5)  # summed over answerable, divided by B
+    assert stats["answer_in_top_k"].item() == 0.5
+
+
+def test_spans_are_whole_words_and_match_normalised_or_regex_answers(tokenizer):
+    body = "Johann Sebastian Bach was born in Eisenach in 1685, and died in Leipzig."
+    spans = block_spans(tokenizer, body, max_tokens=64, max_width=4)
+    inside_word = lambda i: 0 < i < len(body) and body[i - 1].isalnum() and body[i].isalnum()  # noqa: E731
+    for span in spans.spans:
+        assert span[1] - span[0] < 4
+        start, end = spans.char_span(span)
+        assert not inside_word(start) and not inside_word(end)  # whole words only
+    found = [spans.text(body, s) for s, ok in zip(spans.spans, matching_spans(body, spans, QAExample("q", ("eisenach",)))) if ok]
+    assert found == ["Eisenach"]
+    years = [spans.text(body, s) for s, ok in zip(spans.spans, matching_spans(body, spans, QAExample("q", (r"16\d\d",), regex=True))) if ok]
+    assert years == ["1685"]
+    assert not any(matching_spans(body, spans, QAExample("q", ("Paris",))))
+
+
+def test_fine_tuning_keeps_best_model_and_resumes_exactly(tmp_path, tiny_qa):
+    model_dir, index_dir = tiny_qa
+    best = train_qa(str(model_dir), index_dir, QUESTIONS, QUESTIONS, tmp_path / "run", PRESET, progress=False)
+    assert json.loads((best / "dev.json").read_text())["questions"] == len(QUESTIONS)
+    assert (best / "reader" / "span_head.safetensors").is_file()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and sum("dev_em" in r for r in rows) == 2
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    # The document tower never changes: the fine-tuned model still opens the same index.
+    DenseSearcher(__import__("realm.index", fromlist=["MipsIndex"]).MipsIndex(index_dir),
+                  Retriever.load(str(best / "retriever"), PRESET.retriever))
+
+    crashed = tmp_path / "crashed"
+    shutil.copytree(tmp_path / "run", crashed)
+    shutil.rmtree(crashed / "checkpoints" / "step-00000004")  # killed after the step-2 checkpoint
+    train_qa(str(model_dir), index_dir, QUESTIONS, QUESTIONS, crashed, PRESET, resume=True, progress=False)
+    resumed = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(rows[2:], resumed[2:]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+
+
+def test_answers_come_with_consistent_evidence(tiny_qa, tiny_corpus):
+    model_dir, index_dir = tiny_qa
+    answerer = load_answerer(str(model_dir), index_dir, PRESET)
+    assert isinstance(answerer.searcher, DenseSearcher)
+    for answer in answerer.ask([q.question for q in QUESTIONS]):
+        assert answer.answer and 0 < answer.score <= 1 + 1e-6
+        assert len(answer.evidence) == TINY_QA.top_k
+        assert sum(e.retrieval_prob for e in answer.evidence) == pytest.approx(1.0, rel=1e-5)
+        assert sum(e.answer_prob for e in answer.evidence) == pytest.approx(answer.score, rel=1e-5)
+        for ev in answer.evidence:
+            assert ev.answer_prob <= ev.retrieval_prob + 1e-9
+            if ev.answer_span is not None:
+                assert normalize_answer(ev.text[slice(*ev.answer_span)]) == normalize_answer(answer.answer)
+    bm25 = Answerer(answerer.model, BM25Searcher(tiny_corpus), 3, TINY_CORPUS.max_block_tokens)
+    answer = bm25.ask(["capital of Japan"])[0]
+    assert {round(e.retrieval_prob, 6) for e in answer.evidence} == {round(1 / len(answer.evidence), 6)}
+    assert bm25.ask(["zzzz qqqq"])[0].answer == ""  # nothing retrieved: no answer, no crash
+
+
+def test_eval_qa_and_ask_commands(tmp_path, tiny_qa, capsys, monkeypatch):
+    model_dir, index_dir = tiny_qa
+    monkeypatch.setattr("realm.cli.get_preset", lambda name: PRESET)
+    qa_file = tmp_path / "qa.jsonl"
+    qa_file.write_text("".join(json.dumps({"question": q.question, "answer": list(q.answers)}) + "\n"
+                               for q in QUESTIONS[:5]))
+    for retriever in ("dense", "bm25"):
+        out = tmp_path / f"{retriever}.jsonl"
+        assert main(["eval", "qa", "--model", str(model_dir), "--index", str(index_dir), "--qa", str(qa_file),
+                     "--out", str(out), "--retriever", retriever, "--recall-k", "1,3", "--json", "--quiet"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        predictions = [json.loads(line) for line in out.read_text().splitlines()]
+        assert summary["questions"] == 5 and set(summary) >= {"exact_match", "recall@1", "recall@3"}
+        assert summary["exact_match"] == pytest.approx(
+            100 * sum(is_exact_match(p["prediction"], QUESTIONS[i]) for i, p in enumerate(predictions)) / 5)
+        assert all(len(p["evidence"]) == 3 or retriever == "bm25" for p in predictions)
+    assert main(["ask", "What is the capital of Japan?", "--model", str(model_dir), "--index", str(index_dir),
+                 "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "p(z|x)" in printed and "[[" in printed and "]]" in printed
+    assert main(["ask", "anything", "--model", str(tmp_path / "nope"), "--index", str(index_dir), "--quiet"]) == 2
+    assert "unknown model" in capsys.readouterr().err

@@ -1,0 +1,179 @@
+"""`realm serve`: health, answers with evidence, input validation (never a 500), concurrent requests, the index
+swapped live when another process publishes a version, and the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from conftest import TINY_EMBED, TINY_QA, TINY_QA_PRESET, serving
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from realm.cli import main
+from realm.evaluation import normalize_answer
+from realm.config import IndexConfig
+from realm.index import MipsIndex
+from realm.index_update import add_documents, remove_documents
+from realm.refresh import build_from_retriever
+from realm.retriever import Retriever
+from realm.service import MAX_K, MAX_QUESTION_CHARS, QAService, create_app
+
+QUESTIONS = ["What is the capital of Japan?", "Where did Bach die?", "Who walked on the Moon in 1969?",
+             "Into which sea does the Nile flow?", "What does the Louvre hold?", "When was Bach born?",
+             "Where is the Eiffel Tower?", "How long is the Nile?"]
+EVEREST = {"id": "everest", "title": "Mount Everest", "text": "Mount Everest is Earth's highest mountain above sea "
+           "level, in the Himalayas. Its summit is 8,849 metres high."}
+
+
+@pytest.fixture
+def client(qa_service: QAService) -> TestClient:
+    return TestClient(create_app(qa_service))
+
+
+def test_health_names_what_is_served(client, tiny_qa, tiny_corpus):
+    assert client.get("/health").json() == {"status": "ok", "index_version": 1, "num_blocks": len(tiny_corpus),
+                                            "model": str(tiny_qa[0]), "retriever": "dense", "k": TINY_QA.top_k}
+
+
+def test_page_is_self_contained(client):
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'id="question"' in page.text and "<script src" not in page.text and "<link" not in page.text
+    assert ".innerHTML" not in page.text  # model and corpus text only ever goes in as text
+
+
+def test_answer_comes_with_its_evidence(client):
+    reply = client.post("/ask", json={"question": "  What is the capital of Japan?\n"}).json()
+    assert reply["question"] == "What is the capital of Japan?" and reply["index_version"] == 1
+    assert reply["answer"] and 0 < reply["score"] <= 1 + 1e-6
+    assert len(reply["evidence"]) == TINY_QA.top_k
+    assert sum(e["retrieval_prob"] for e in reply["evidence"]) == pytest.approx(1.0, rel=1e-5)
+    assert sum(e["answer_prob"] for e in reply["evidence"]) == pytest.approx(reply["score"], rel=1e-5)
+    for ev in reply["evidence"]:
+        assert set(ev) == {"block_id", "doc_id", "title", "text", "retrieval_prob", "answer_prob", "answer_span"}
+        if ev["answer_span"] is not None:
+            assert normalize_answer(ev["text"][slice(*ev["answer_span"])]) == normalize_answer(reply["answer"])
+    assert len(client.post("/ask", json={"question": "Where did Bach die?", "k": 2}).json()["evidence"]) == 2
+    assert client.post("/ask", json={"question": "x" * MAX_QUESTION_CHARS}).status_code == 200
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"question": ""}, "question: the question is empty"),
+    ({"question": " \n\t "}, "question: the question is empty"),
+    ({"question": "x" * (MAX_QUESTION_CHARS + 1)}, f"question: String should have at most {MAX_QUESTION_CHARS} characters"),
+    ({"question": "q", "k": 0}, "k: Input should be greater than or equal to 1"),
+    ({"question": "q", "k": MAX_K + 1}, f"k: Input should be less than or equal to {MAX_K}"),
+    ({"question": "q", "k": "3"}, "k: Input should be a valid integer"),
+    ({"question": "q", "k": 2.5}, "k: Input should be a valid integer"),
+    ({"question": "q", "k": True}, "k: Input should be a valid integer"),
+    ({}, "question: Field required"),
+    ({"k": 3}, "question: Field required"),
+    ({"question": 42}, "question: Input should be a valid string"),
+    ({"question": None}, "question: Input should be a valid string"),
+    ({"question": ["q"]}, "question: Input should be a valid string"),
+    ({"question": "q", "top_k": 3}, "top_k: Extra inputs are not permitted"),
+    (["q"], "body: Input should be a valid dictionary or object to extract fields from"),
+    ("q", "body: Input should be a valid dictionary or object to extract fields from"),
+])
+def test_bad_input_is_a_4xx_with_a_clear_message(client, body, message):
+    response = client.post("/ask", json=body)
+    assert response.status_code == 422
+    assert response.json()["detail"] == message
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"", "body: Field required"),
+    (b"{not json", "body: not valid JSON (Expecting property name enclosed in double quotes at character 1)"),
+    (b"\xff\xfe", "body: not valid JSON (Expecting value at character 0)"),
+])
+def test_unreadable_bodies_are_a_4xx_too(client, content, message):
+    response = client.post("/ask", content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422 and response.json()["detail"] == message
+    form = client.post("/ask", content=b"question=q", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 415 and form.json()["detail"] == "body: send JSON (Content-Type: application/json)"
+
+
+def test_simultaneous_requests_get_the_answers_they_get_alone(qa_service):
+    """Requests run in uvicorn's thread pool; the lock keeps one inference at a time and every reply its own."""
+    active, most = 0, 0
+    guard = threading.Lock()
+    read = qa_service.answerer.read
+
+    def counted_read(*args, **kwargs):
+        nonlocal active, most
+        with guard:
+            active += 1
+            most = max(most, active)
+        try:
+            return read(*args, **kwargs)
+        finally:
+            with guard:
+                active -= 1
+
+    qa_service.answerer.read = counted_read
+    with serving(create_app(qa_service)) as url, httpx.Client(base_url=url, timeout=120) as http:
+        alone = {q: http.post("/ask", json={"question": q}).json() for q in QUESTIONS}
+        start = threading.Barrier(len(QUESTIONS) * 2)
+
+        def ask(question: str) -> httpx.Response:
+            start.wait()  # all threads send together
+            return http.post("/ask", json={"question": question})
+
+        with ThreadPoolExecutor(len(QUESTIONS) * 2) as pool:
+            replies = list(pool.map(ask, QUESTIONS * 2))
+    assert [r.status_code for r in replies] == [200] * len(replies)
+    assert [r.json() for r in replies] == [alone[q] for q in QUESTIONS * 2]
+    assert most == 1
+
+
+@pytest.mark.parametrize("retriever", ["dense", "bm25"])
+def test_a_published_version_is_served_from_the_next_request(tmp_path, tiny_qa, retriever):
+    model_dir, index_dir = tiny_qa
+    service = QAService.load(str(model_dir), index_dir, TINY_QA_PRESET, retriever)
+    client = TestClient(create_app(service))
+    before = client.get("/health").json()
+    docs = tmp_path / "everest.jsonl"
+    docs.write_text(json.dumps(EVEREST) + "\n")
+    added = add_documents(MipsIndex(index_dir), str(docs), service.answerer.model.retriever, TINY_EMBED, 2)
+
+    assert client.get("/health").json() == before  # /health reports; requests swap
+    reply = client.post("/ask", json={"question": "How high is Mount Everest?", "k": MAX_K}).json()
+    assert reply["index_version"] == added.version == before["index_version"] + 1
+    assert "everest" in {e["doc_id"] for e in reply["evidence"]}
+    assert client.get("/health").json() == {**before, "index_version": added.version, "num_blocks": added.live_blocks}
+
+    removed = remove_documents(MipsIndex(index_dir), ["everest"], 2)
+    reply = client.post("/ask", json={"question": "How high is Mount Everest?", "k": MAX_K}).json()
+    assert reply["index_version"] == removed.version
+    assert "everest" not in {e["doc_id"] for e in reply["evidence"]}
+    assert client.get("/health").json()["num_blocks"] == before["num_blocks"]
+
+
+def test_a_version_it_cannot_serve_leaves_the_current_one_answering(tiny_qa, tiny_corpus, caplog):
+    """An index rebuilt by another document tower: the service keeps the version it has, and says so once."""
+    model_dir, index_dir = tiny_qa
+    service = QAService.load(str(model_dir), index_dir, TINY_QA_PRESET)
+    client = TestClient(create_app(service))
+    other = Retriever.load("random", dataclasses.replace(TINY_QA_PRESET.retriever, pooling="cls"))
+    build_from_retriever(other, tiny_corpus, index_dir, TINY_EMBED, IndexConfig(), 0, 0.0)
+    for _ in range(2):
+        response = client.post("/ask", json={"question": "Where did Bach die?"})
+        assert response.status_code == 200 and response.json()["index_version"] == 1
+    assert sum("cannot serve v2" in r.getMessage() for r in caplog.records) == 1
+    assert client.get("/health").json()["index_version"] == 1
+
+
+def test_serve_command_binds_to_this_machine_by_default(tiny_qa, tiny_corpus, monkeypatch):
+    model_dir, index_dir = tiny_qa
+    monkeypatch.setattr("realm.cli.get_preset", lambda name: TINY_QA_PRESET)
+    started = {}
+    monkeypatch.setattr("uvicorn.run", lambda app, **kwargs: started.update(app=app, **kwargs))
+    assert main(["serve", "--model", str(model_dir), "--index", str(index_dir), "--top-k", "2", "--quiet"]) == 0
+    assert isinstance(started["app"], FastAPI) and (started["host"], started["port"]) == ("127.0.0.1", 8000)
+    health = TestClient(started["app"]).get("/health").json()
+    assert (health["k"], health["retriever"], health["num_blocks"]) == (2, "dense", len(tiny_corpus))
