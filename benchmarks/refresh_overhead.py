@@ -41,7 +41,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, every in (("frozen index (baseline)", 0), (f"refreshing, snapshot every {args.refresh_every}", args.refresh_every)):
             config = dataclasses.replace(preset.pretrain, steps=args.steps, refresh_every=every, log_every=1,
-                                         checkpoint_every=10**9)
+                                         checkpoint_every=10**9, retriever_frozen_steps=0)  # snapshot from the start
             out = Path(tmp) / str(every)
             train_pretrain(Path(args.corpus), out, args.retriever, "minilm", dataclasses.replace(preset, pretrain=config),
                            progress=False)
