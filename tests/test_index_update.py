@@ -182,16 +182,26 @@ def test_cli_add_search_remove(tmp_path, docs_file, tiny_retriever, capsys):
 @pytest.mark.slow
 def test_minilm_answers_from_an_added_document_only_while_it_is_indexed(tmp_path, tiny_corpus):
     from realm.config import get_preset
+    from realm.evaluation import QAExample
+    from realm.qa import Answerer, QAModel, SpanReader
 
     retriever = Retriever.load("minilm", get_preset("cpu").retriever)
     build_tiny_index(tiny_corpus, retriever, tmp_path / "index")
-    question = "Who first climbed Mount Everest?"
-    assert "everest" not in {h.doc_id for h in DenseSearcher(MipsIndex(tmp_path / "index"), retriever).search(question, 3)}
+    model = QAModel(retriever, SpanReader.load("minilm"))
+    example = QAExample("Who first climbed Mount Everest?", ("Edmund Hillary",))
+
+    def answerer() -> Answerer:  # what a service does when a new version is published
+        return Answerer(model, DenseSearcher(MipsIndex(tmp_path / "index"), retriever), 3, 128)
+
+    assert answerer().reference_probability(example) == 0.0  # unanswerable: no block holds the answer
+    assert "everest" not in {e.doc_id for e in answerer().ask([example.question])[0].evidence}
 
     _add(tmp_path / "index", retriever, _jsonl(tmp_path / "new.jsonl", EVEREST, PIANO))
-    top = DenseSearcher(MipsIndex(tmp_path / "index"), retriever).search(question, 3)[0]
-    assert top.doc_id == "everest" and "Hillary" in top.text
+    assert answerer().reference_probability(example) > 0.0  # answerable: p(Edmund Hillary | x) > 0
+    top = answerer().ask([example.question])[0].evidence[0]
+    assert top.doc_id == "everest" and "Hillary" in top.text and top.retrieval_prob > 0.5
 
     remove_documents(MipsIndex(tmp_path / "index"), ["everest"], keep_versions=2)
-    hits = DenseSearcher(MipsIndex(tmp_path / "index"), retriever).search(question, 100)
+    assert answerer().reference_probability(example) == 0.0
+    hits = DenseSearcher(MipsIndex(tmp_path / "index"), retriever).search(example.question, 100)
     assert "everest" not in {h.doc_id for h in hits} and len(hits) == len(tiny_corpus) + 1  # piano stays

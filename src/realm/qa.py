@@ -358,6 +358,19 @@ class Answerer:
             answers += self.read(part, self.searcher.batch_search(part, self.k))
         return answers
 
+    def _log_ps(self, questions: Sequence[str], blocks: Sequence[Sequence[BlockSpans]]) -> torch.Tensor:
+        """log p(s | z, x) for every (question, block) row, in order: (sum of K, S)."""
+        batch = reader_batch(self.model.reader.tokenizer, self.model.question_ids(questions), blocks)
+        device = next(self.model.parameters()).device
+        batch = batch.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+            scores = self.model.reader(**batch.inputs, starts=batch.starts, ends=batch.ends)  # (N, S)
+        return span_log_probs(scores, batch.span_valid).cpu()
+
+    def _log_pz(self, hits: Sequence[SearchHit]) -> torch.Tensor:
+        logits = torch.zeros(len(hits)) if self.uniform_prior else torch.tensor([h.score for h in hits])
+        return torch.log_softmax(logits, 0)
+
     @torch.inference_mode()
     def read(self, questions: Sequence[str], hits: Sequence[Sequence[SearchHit]]) -> list[Answer]:
         """Answers for questions whose blocks are already retrieved (hits: best first, SearchHit.score = f(x, z))."""
@@ -365,21 +378,28 @@ class Answerer:
         answers: list[Answer | None] = [Answer(q, "", 0.0) if not row else None for q, row in zip(questions, hits)]
         asked = [b for b, row in enumerate(hits) if row]
         if asked:
-            batch = reader_batch(self.model.reader.tokenizer, self.model.question_ids([questions[b] for b in asked]),
-                                 [blocks[b] for b in asked])
-            device = next(self.model.parameters()).device
-            batch = batch.to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16):
-                scores = self.model.reader(**batch.inputs, starts=batch.starts, ends=batch.ends)  # (N, S)
-            log_ps = span_log_probs(scores, batch.span_valid).cpu()
+            log_ps = self._log_ps([questions[b] for b in asked], [blocks[b] for b in asked])
             row = 0
             for b in asked:
                 k = len(hits[b])
-                logits = torch.zeros(k) if self.uniform_prior else torch.tensor([h.score for h in hits[b]])
-                answers[b] = compose_answer(questions[b], hits[b], blocks[b], torch.log_softmax(logits, 0),
-                                            log_ps[row : row + k])
+                answers[b] = compose_answer(questions[b], hits[b], blocks[b], self._log_pz(hits[b]), log_ps[row : row + k])
                 row += k
         return answers
+
+    @torch.inference_mode()
+    def reference_probability(self, example: QAExample) -> float:
+        """p(y | x) of the reference answers: 0 when no retrieved block has a span that reads as one."""
+        hits = self.searcher.search(example.question, self.k)
+        if not hits:
+            return 0.0
+        blocks = self.model.blocks([h.text for h in hits], self.max_block_tokens)
+        log_ps = self._log_ps([example.question], [blocks])  # (K, S)
+        match = torch.zeros_like(log_ps, dtype=torch.bool)
+        for z, (hit, spans) in enumerate(zip(hits, blocks)):
+            match[z, : len(spans.spans)] = torch.tensor(matching_spans(hit.text, spans, example), dtype=torch.bool)
+        if not match.any():
+            return 0.0
+        return marginal_answer_log_likelihood(self._log_pz(hits)[None], log_ps[None], match[None]).exp().item()
 
 
 def open_searcher(index: MipsIndex, kind: str, retriever: Retriever, corpus: str | Path | None = None) -> Searcher:
