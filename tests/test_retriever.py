@@ -53,6 +53,9 @@ def test_checkpoint_roundtrip_and_plain_bert_loading(tmp_path, tiny_retriever):
     # Saving again over the same folder replaces it cleanly.
     loaded.save(folder)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    # A training output (retriever/ beside reader/) loads as its retriever.
+    tiny_retriever.save(tmp_path / "run" / "retriever")
+    assert Retriever.load(str(tmp_path / "run"), TINY_RETRIEVER).doc_fingerprint() == tiny_retriever.doc_fingerprint()
 
 
 def test_fingerprint_tracks_doc_tower_only(tiny_retriever):

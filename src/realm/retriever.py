@@ -135,7 +135,8 @@ class Retriever(nn.Module):
 
     @classmethod
     def load(cls, spec: str, config: RetrieverConfig) -> Retriever:
-        """`minilm`, `random` (the preset's BERT shape), a REALM checkpoint folder, or a BERT folder.
+        """`minilm`, `random` (the preset's BERT shape), a REALM checkpoint folder (or a training output holding
+        one in retriever/), or a BERT folder.
 
         A checkpoint carries its own RetrieverConfig, which wins over `config`."""
         if spec == MINILM:
@@ -145,6 +146,8 @@ class Retriever(nn.Module):
             tokenizer = load_tokenizer(minilm_dir())
             return cls.warm_start(_random_bert(config.shape, len(tokenizer), WARM_START_SEED), tokenizer, config)
         folder = Path(spec)
+        if (folder / "retriever" / CHECKPOINT_META).is_file():  # a `train pretrain` / `train qa` output
+            folder = folder / "retriever"
         if (folder / CHECKPOINT_META).is_file():
             return cls._load_checkpoint(folder)
         if (folder / "config.json").is_file():
