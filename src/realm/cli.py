@@ -6,22 +6,19 @@ import argparse
 import dataclasses
 import json
 import logging
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from realm.config import PRESETS, Preset, RetrieverConfig, get_preset
-from realm.corpus import META as CORPUS_META
 from realm.corpus import BlockStore, build_corpus
 from realm.evaluation import load_qa, recall_at_k
-from realm.index import MipsIndex, MipsIndexError, build_index, current_version
+from realm.index import MipsIndex, MipsIndexError, build_index
 from realm.sources import VITAL_ARTICLES, CorpusError
 from realm.tokenization import MINILM, load_tokenizer, resolve_tokenizer_dir
 
 log = logging.getLogger("realm")
-
-DEFAULT_QUERY = "Who painted the Mona Lisa?"
-
 
 def _preset(args: argparse.Namespace) -> Preset:
     """The chosen preset with command-line overrides applied."""
@@ -104,7 +101,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_retrieval(args: argparse.Namespace) -> int:
-    from realm.search import BM25Searcher
+    from realm.search import BM25Searcher, search_all
 
     ks = sorted({int(k) for k in args.k.split(",")})
     examples = load_qa(args.qa)
@@ -120,10 +117,7 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
         if not (args.index and args.model):
             raise ValueError("the dense retriever needs --index and --model")
         searcher = _dense_searcher(args)
-    questions = [e.question for e in examples]
-    hits = []
-    for start in range(0, len(questions), 256):
-        hits += searcher.batch_search(questions[start : start + 256], max(ks))
+    hits = search_all(searcher, [e.question for e in examples], max(ks))
     result = recall_at_k(examples, hits, ks)
     seconds = time.monotonic() - started
     if args.json:
@@ -137,43 +131,17 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
-    """Until pretraining and QA land: build the default corpus, index it, answer a search.
-    Each stage is skipped when its output exists and matches (fingerprints), so a re-run resumes."""
-    from realm.embed import BlockEmbedder
-    from realm.search import DenseSearcher
+    """Every stage from the corpus to the report; a re-run skips what matches and resumes what was cut off."""
+    from realm.pipeline import Pipeline, PipelineOptions
 
-    preset = _preset(args)
-    run = Path(args.run_dir)
-    corpus_dir, index_dir = run / "corpus", run / "index"
-    retriever = _load_retriever(args.model, preset.retriever)
-    seconds: dict[str, float] = {}
-
-    started = time.monotonic()
-    if (corpus_dir / CORPUS_META).exists() and _corpus_matches(BlockStore(corpus_dir), args.inputs, preset):
-        print(f"[pipeline] corpus: reusing {corpus_dir}")
-    else:
-        build_corpus(args.inputs, corpus_dir, retriever.tokenizer, preset.corpus, progress=not args.quiet)
-    store = BlockStore(corpus_dir)
-    seconds["corpus"] = time.monotonic() - started
-
-    started = time.monotonic()
-    fingerprint = retriever.doc_fingerprint()
-    index = MipsIndex(index_dir) if current_version(index_dir) is not None else None
-    if index is not None and (index.meta.doc_tower_fingerprint, index.meta.corpus_fingerprint) == (fingerprint, store.fingerprint):
-        print(f"[pipeline] index: reusing {index_dir} v{index.version}")
-    else:
-        embedder = BlockEmbedder(retriever.doc_tower, retriever.tokenizer, store.config, preset.embed)
-        build_index(store, embedder, fingerprint, index_dir, preset.embed, preset.index, retriever.config,
-                    progress=not args.quiet)
-        index = MipsIndex(index_dir)
-    seconds["index"] = time.monotonic() - started
-
-    hits = DenseSearcher(index, retriever).search(args.query, args.k)  # the index's knowledge: added blocks too
-    print(f"[pipeline] {store.meta.num_documents} documents, {len(store)} blocks indexed in {run}; seconds: "
-          + ", ".join(f"{stage} {value:.0f}" for stage, value in seconds.items()))
-    print(f"[pipeline] query: {args.query}")
-    for rank, hit in enumerate(hits, start=1):
-        print(f"{rank:>3}. [{hit.score:.2f}] {hit.title}: {hit.text[:200]}")
+    preset = get_preset(args.preset)
+    budget = None if args.budget_minutes == 0 else (args.budget_minutes or preset.pipeline_budget_minutes)
+    options = PipelineOptions(inputs=tuple(args.inputs), run_dir=Path(args.run_dir), warm_start=args.warm_start,
+                              qa_train=Path(args.qa_train) if args.qa_train else None,
+                              qa_dev=Path(args.qa_dev) if args.qa_dev else None, ablations=args.ablations,
+                              budget_minutes=budget, progress=not args.quiet,
+                              command=" ".join(["realm", *map(shlex.quote, args.argv)]))
+    Pipeline(options, preset).run()
     return 0
 
 
@@ -271,31 +239,13 @@ def cmd_train_qa(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_qa(args: argparse.Namespace) -> int:
-    from realm.evaluation import is_exact_match
-    from realm.io import write_atomic
-    from realm.qa import load_answerer
+    from realm.qa import evaluate_qa, load_answerer
 
     preset = _qa_preset(args)
     examples = load_qa(args.qa)[: args.limit]
     answerer = load_answerer(args.model, args.index, preset, args.retriever, corpus=args.corpus)
-    ks = sorted({int(k) for k in args.recall_k.split(",")} | {answerer.k})
-    started = time.monotonic()
-    questions = [e.question for e in examples]
-    hits, answers = [], []
-    for start in range(0, len(questions), answerer.batch_size):
-        part = questions[start : start + answerer.batch_size]
-        rows = answerer.searcher.batch_search(part, max(ks))
-        hits += rows
-        answers += answerer.read(part, [row[: answerer.k] for row in rows])
-    correct = [is_exact_match(a.answer, e) for a, e in zip(answers, examples)]
-    lines = [json.dumps({"question": e.question, "references": list(e.answers), "prediction": a.answer,
-                         "score": a.score, "exact_match": ok, "evidence": [dataclasses.asdict(v) for v in a.evidence]},
-                        ensure_ascii=False) + "\n" for e, a, ok in zip(examples, answers, correct)]
-    write_atomic(Path(args.out), lambda tmp: tmp.write_text("".join(lines)))
-    summary = {"exact_match": round(100.0 * sum(correct) / len(examples), 2),
-               **{k: round(v, 2) for k, v in recall_at_k(examples, hits, ks).items()},
-               "questions": len(examples), "retriever": args.retriever, "reader_top_k": answerer.k,
-               "seconds": round(time.monotonic() - started, 1)}
+    result = evaluate_qa(answerer, examples, [int(k) for k in args.recall_k.split(",")], Path(args.out))
+    summary = {**result, "retriever": args.retriever}
     if args.json:
         print(json.dumps(summary))
     else:
@@ -334,10 +284,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     service = QAService.load(args.model, args.index, _qa_preset(args), args.retriever, corpus=args.corpus)
     uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
     return 0
-
-
-def _corpus_matches(store: BlockStore, inputs: list[str], preset: Preset) -> bool:
-    return store.meta.sources == list(inputs) and store.config == preset.corpus
 
 
 # -- parser ---------------------------------------------------------------------------------------
@@ -510,13 +456,16 @@ def build_parser() -> argparse.ArgumentParser:
     _common(serve)
     serve.set_defaults(run=cmd_serve)
 
-    pipeline = commands.add_parser("pipeline", help="the main job: corpus -> index -> search")
-    pipeline.add_argument("--inputs", nargs="+", default=[VITAL_ARTICLES])
-    pipeline.add_argument("--run-dir", default="runs/default")
-    pipeline.add_argument("--model", default=MINILM)
-    pipeline.add_argument("--query", default=DEFAULT_QUERY)
-    pipeline.add_argument("-k", type=int, default=5)
-    _embedding_options(pipeline)
+    pipeline = commands.add_parser("pipeline", help="the main job: corpus -> ICT -> REALM -> [QA] -> report")
+    pipeline.add_argument("--inputs", nargs="+", default=[VITAL_ARTICLES], help="corpus inputs (default: vital-articles)")
+    pipeline.add_argument("--run-dir", default="runs/default", help="stage outputs and report.md / report.html")
+    pipeline.add_argument("--warm-start", default=MINILM, help="retriever towers and reader to start from")
+    pipeline.add_argument("--qa-train", help="open-QA training questions (JSONL): adds fine-tuning and evaluation")
+    pipeline.add_argument("--qa-dev", help="open-QA dev questions (JSONL)")
+    pipeline.add_argument("--ablations", action="store_true",
+                          help="also ICT-only retriever, uniform masking and frozen index (needs --qa-train/--qa-dev)")
+    pipeline.add_argument("--budget-minutes", type=float,
+                          help="scale training steps so the run fits (default: the preset's, cpu 45; 0: no scaling)")
     _common(pipeline)
     pipeline.set_defaults(run=cmd_pipeline)
     return parser
@@ -524,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.run(args)

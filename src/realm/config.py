@@ -115,6 +115,7 @@ class QAConfig:
     beam: int = 5000  # blocks searched for the early-update retrieval loss
     span_hidden: int = 256
     max_span_width: int = 10
+    steps: int | None = None  # None: `epochs` passes over the training questions (a budget may set fewer)
     dev_limit: int | None = None  # dev questions scored after each epoch (None: all)
     checkpoint_every: int = 500
     log_every: int = 10
@@ -123,6 +124,21 @@ class QAConfig:
     def warmup_steps(self, total_steps: int) -> int:
         """ORQA: min(10000, max(100, steps / 10))."""
         return min(10_000, max(100, total_steps // 10))
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """What a unit of work costs on the machine a preset is sized for, so `realm pipeline --budget-minutes`
+    can scale step counts to fit. cpu: measured on the 2-core development machine (docs/benchmarks.md)."""
+
+    fixed_seconds: float = 240.0  # process starts, model loads, corpus build, worked examples, report
+    embed_blocks_per_second: float = 137.0  # one index build
+    tag_blocks_per_second: float = 60.0  # spaCy sentence and entity tagging for salient spans
+    ict_step: float = 3.7
+    pretrain_step: float = 9.5  # the index builder shares the cores
+    frozen_pretrain_step: float = 6.4  # no index builder
+    qa_step: float = 4.4
+    qa_question: float = 0.1  # evaluating one question with one retriever and the reader
 
 
 @dataclass(frozen=True)
@@ -135,6 +151,8 @@ class Preset:
     ict: ICTConfig = field(default_factory=ICTConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     qa: QAConfig = field(default_factory=QAConfig)
+    costs: StageCosts = field(default_factory=StageCosts)
+    pipeline_budget_minutes: float | None = None  # `realm pipeline` default; None: the preset's own step counts
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -157,6 +175,7 @@ PRESETS: dict[str, Preset] = {
                                 refresh_every=40, checkpoint_every=25, log_every=5),
         qa=QAConfig(epochs=1, batch_size=8, lr=5e-5, head_lr_multiplier=10.0, retriever_lr=1e-5, beam=100,
                     dev_limit=500, checkpoint_every=50, log_every=5),
+        pipeline_budget_minutes=45,
     ),
     "paper": Preset(
         name="paper",

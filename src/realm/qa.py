@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,9 +31,9 @@ from torch import nn
 from transformers import BertModel, PreTrainedTokenizerBase
 
 from realm.embed import pad_batch
-from realm.evaluation import QAExample, has_answer, is_exact_match, normalize_answer
+from realm.evaluation import QAExample, has_answer, is_exact_match, normalize_answer, recall_at_k
 from realm.index import MipsIndex
-from realm.io import write_dir_atomic
+from realm.io import write_atomic, write_dir_atomic
 from realm.retriever import Retriever
 from realm.search import BM25Searcher, Searcher, SearchHit
 from realm.tokenization import MINILM, load_tokenizer, minilm_dir
@@ -239,16 +240,18 @@ class QAModel(nn.Module):
         self.retriever.doc_tower.requires_grad_(False)
 
     @classmethod
-    def load(cls, spec: str, retriever_config, span_hidden: int = 256, max_span_width: int = 10) -> QAModel:
-        """`minilm`; a REALM pretraining output or a fine-tuned QA model (folders with retriever/ and reader/)."""
+    def load(cls, spec: str, retriever_config, span_hidden: int = 256, max_span_width: int = 10,
+             reader: str | None = None) -> QAModel:
+        """`minilm`; a REALM pretraining output or a fine-tuned QA model (folders with retriever/ and reader/).
+        `reader` replaces the folder's reader with another warm start (e.g. an ICT retriever with a BERT reader)."""
         if spec == MINILM:
-            return cls(Retriever.load(MINILM, retriever_config), SpanReader.load(MINILM, span_hidden, max_span_width))
+            return cls(Retriever.load(MINILM, retriever_config), SpanReader.load(reader or MINILM, span_hidden, max_span_width))
         folder = Path(spec)
-        if not ((folder / "retriever").is_dir() and (folder / "reader").is_dir()):
+        if not ((folder / "retriever").is_dir() and (reader or (folder / "reader").is_dir())):
             raise FileNotFoundError(f"unknown model {spec!r}: expected 'minilm' or a folder with retriever/ and reader/ "
                                     "(the output of `realm train pretrain` or `realm train qa`)")
         return cls(Retriever.load(str(folder / "retriever"), retriever_config),
-                   SpanReader.load(str(folder / "reader"), span_hidden, max_span_width))
+                   SpanReader.load(reader or str(folder / "reader"), span_hidden, max_span_width))
 
     def save(self, folder: str | Path) -> None:
         folder = Path(folder)
@@ -424,3 +427,27 @@ def load_answerer(model_spec: str, index_dir: str | Path, preset, retriever: str
     dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
     return Answerer(model.to(device), searcher, k or preset.qa.top_k, index.corpus(corpus).config.max_block_tokens,
                     dtype=dtype)
+
+
+def evaluate_qa(answerer: Answerer, examples: Sequence[QAExample], recall_ks: Sequence[int],
+                predictions: Path | None = None) -> dict:
+    """Exact match and recall@k on `examples` (one search serves both); optionally a predictions JSONL with
+    each question's answer, score and evidence. Returns the summary (percentages rounded to 0.01)."""
+    from realm.search import search_all
+
+    ks = sorted(set(recall_ks) | {answerer.k})
+    started = time.monotonic()
+    hits = search_all(answerer.searcher, [e.question for e in examples], max(ks), batch_size=answerer.batch_size)
+    answers: list[Answer] = []
+    for start in range(0, len(examples), answerer.batch_size):
+        part = examples[start : start + answerer.batch_size]
+        answers += answerer.read([e.question for e in part], [row[: answerer.k] for row in hits[start : start + len(part)]])
+    correct = [is_exact_match(a.answer, e) for a, e in zip(answers, examples)]
+    if predictions is not None:
+        lines = [json.dumps({"question": e.question, "references": list(e.answers), "prediction": a.answer,
+                             "score": a.score, "exact_match": ok, "evidence": [asdict(v) for v in a.evidence]},
+                            ensure_ascii=False) + "\n" for e, a, ok in zip(examples, answers, correct)]
+        write_atomic(Path(predictions), lambda tmp: tmp.write_text("".join(lines)))
+    return {"exact_match": round(100.0 * sum(correct) / len(examples), 2),
+            **{name: round(value, 2) for name, value in recall_at_k(examples, hits, ks).items()},
+            "questions": len(examples), "reader_top_k": answerer.k, "seconds": round(time.monotonic() - started, 1)}

@@ -153,4 +153,6 @@ class RealmModel(nn.Module):
             stats["accuracy"] = correct.sum() / batch.mask_valid.sum()
             null_correct = (log_probs[:, 0].argmax(-1) == batch.targets) & batch.mask_valid
             stats["null_accuracy"] = null_correct.sum() / batch.mask_valid.sum()
+            stats["log_pz"] = log_pz  # (B, K), for per-example reports
+            stats["token_log_probs"] = token_log_probs.detach()  # (B, K, M)
         return loss, stats

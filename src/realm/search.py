@@ -89,3 +89,11 @@ class BM25Searcher:
 
     def search(self, query: str, k: int) -> list[SearchHit]:
         return self.batch_search([query], k)[0]
+
+
+def search_all(searcher: Searcher, queries: list[str], k: int, batch_size: int = 256) -> list[list[SearchHit]]:
+    """`batch_search` in batches, so a whole evaluation set never sits in one embedding batch."""
+    hits: list[list[SearchHit]] = []
+    for start in range(0, len(queries), batch_size):
+        hits += searcher.batch_search(queries[start : start + batch_size], k)
+    return hits

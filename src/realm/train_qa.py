@@ -90,8 +90,9 @@ def exact_match(answerer: Answerer, examples: Sequence[QAExample]) -> float:
 
 
 def train_qa(model_spec: str, index_dir: Path, train: Sequence[QAExample], dev: Sequence[QAExample], out: Path,
-             preset: Preset, resume: bool = False, progress: bool = True) -> Path:
-    """Fine-tune; returns out/best, the model with the best dev exact match."""
+             preset: Preset, resume: bool = False, progress: bool = True, reader_spec: str | None = None) -> Path:
+    """Fine-tune; returns out/best, the model with the best dev exact match. `reader_spec` overrides the
+    reader warm start of `model_spec` (the ORQA-style baseline: an ICT retriever with a BERT reader)."""
     cfg = preset.qa
     d = setup_distributed()
     device = default_device()
@@ -102,12 +103,12 @@ def train_qa(model_spec: str, index_dir: Path, train: Sequence[QAExample], dev: 
     index = MipsIndex(index_dir)
     store = index.corpus()
     config = dataclasses.replace(preset.retriever, **index.meta.retriever)  # pooling etc. of the index's model
-    model = QAModel.load(model_spec, config, cfg.span_hidden, cfg.max_span_width)
+    model = QAModel.load(model_spec, config, cfg.span_hidden, cfg.max_span_width, reader=reader_spec)
     DenseSearcher(index, model.retriever, store)  # refuses an index built by another document tower
     model.to(device).train()
     k = min(cfg.top_k, len(index.block_ids))
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
-    total = cfg.epochs * steps_per_epoch
+    total = cfg.steps or cfg.epochs * steps_per_epoch
     optimizer = bert_optimizer(model, cfg.lr, prefix_lrs={"reader.span_head.": cfg.lr * cfg.head_lr_multiplier,
                                                           "retriever.": cfg.retriever_lr or cfg.lr})
     scheduler = linear_schedule(optimizer, cfg.warmup_steps(total), total)

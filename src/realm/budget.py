@@ -1,0 +1,126 @@
+"""How long each pipeline stage may run: one scale for every training stage, so the whole run fits a budget.
+
+The cost of a stage is estimated from the preset's `StageCosts` (measured on the machine the preset is
+sized for). Embedding, tagging and evaluation are fixed costs; the training steps of ICT, REALM
+pretraining and QA fine-tuning share what is left, all cut (or stretched) by the same factor, so the
+relative lengths of the stages stay those of the preset. Schedules that count steps (warmup, the
+retriever freeze, the refresh interval, checkpoints) scale with them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from realm.config import Preset
+
+MIN_TRAINING_STEPS = 2
+BUDGET_SLACK = 1.1  # a plan may overrun its budget by this factor when the step counts hit their minimum
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the pipeline will process: corpus blocks, and the QA questions when QA stages run."""
+
+    blocks: int
+    qa_train: int = 0  # 0: no QA fine-tuning or evaluation
+    qa_dev: int = 0
+    ablations: bool = False  # two more pretraining runs, three more fine-tunings and evaluations
+
+    def __post_init__(self) -> None:
+        if self.ablations and not self.qa_train:
+            raise ValueError("the ablations compare exact match: they need QA training and dev questions")
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    name: str
+    steps: int  # training steps (0: not a training stage)
+    step_seconds: float  # per training step
+    fixed_seconds: float  # embedding, tagging, evaluation
+
+    @property
+    def seconds(self) -> float:
+        return self.fixed_seconds + self.steps * self.step_seconds
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    budget_minutes: float | None
+    scale: float  # training steps relative to the preset
+    preset: Preset  # the preset with its step counts scaled
+    stages: tuple[StageEstimate, ...]
+
+    @property
+    def estimated_minutes(self) -> float:
+        return (self.preset.costs.fixed_seconds + sum(s.seconds for s in self.stages)) / 60
+
+    def to_dict(self) -> dict:
+        return {"budget_minutes": self.budget_minutes, "scale": self.scale, "estimated_minutes": self.estimated_minutes,
+                "stages": [{**dataclasses.asdict(s), "seconds": s.seconds} for s in self.stages]}
+
+
+def _scaled(value: int, scale: float, minimum: int = 1) -> int:
+    return max(minimum, round(value * scale))
+
+
+def scale_preset(preset: Preset, scale: float, qa_train: int) -> Preset:
+    """The preset with every training length (and the schedules counted in steps) times `scale`."""
+    ict, pretrain, qa = preset.ict, preset.pretrain, preset.qa
+    steps = _scaled(pretrain.steps, scale, MIN_TRAINING_STEPS)
+    pretrain = dataclasses.replace(
+        pretrain, steps=steps, warmup_steps=_scaled(pretrain.warmup_steps, scale),
+        retriever_frozen_steps=min(steps - 1, round(pretrain.retriever_frozen_steps * scale)),
+        refresh_every=_scaled(pretrain.refresh_every, scale) if pretrain.refresh_every else 0,
+        checkpoint_every=_scaled(pretrain.checkpoint_every, scale))
+    ict = dataclasses.replace(ict, steps=_scaled(ict.steps, scale, MIN_TRAINING_STEPS),
+                              warmup_steps=_scaled(ict.warmup_steps, scale),
+                              checkpoint_every=_scaled(ict.checkpoint_every, scale))
+    if qa_train:
+        qa_steps = _scaled(qa.steps or qa.epochs * math.ceil(qa_train / qa.batch_size), scale, MIN_TRAINING_STEPS)
+        qa = dataclasses.replace(qa, steps=qa_steps, checkpoint_every=min(qa.checkpoint_every, qa_steps))
+    return dataclasses.replace(preset, ict=ict, pretrain=pretrain, qa=qa)
+
+
+def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
+    """Per-stage estimates for `preset` as it stands."""
+    c = preset.costs
+    embed = work.blocks / c.embed_blocks_per_second
+    qa_steps = 0
+    if work.qa_train:
+        qa_steps = preset.qa.steps or preset.qa.epochs * math.ceil(work.qa_train / preset.qa.batch_size)
+    pretrain_steps = preset.pretrain.steps
+    stages = [StageEstimate("ict", preset.ict.steps, c.ict_step, 0.0),
+              StageEstimate("realm", pretrain_steps, c.pretrain_step, (work.blocks / c.tag_blocks_per_second) + embed)]
+    if work.qa_train:
+        stages += [StageEstimate(name, 0, 0.0, embed) for name in ("baseline_index", "ict_index", "realm_index")]
+        stages += [StageEstimate("qa", qa_steps, c.qa_step, 0.0),
+                   StageEstimate("eval", 0, 0.0, 2 * work.qa_dev * c.qa_question)]
+    if work.ablations:
+        stages += [StageEstimate("qa_ict", qa_steps, c.qa_step, work.qa_dev * c.qa_question)]
+        for variant, step_seconds in (("uniform", c.pretrain_step), ("frozen", c.frozen_pretrain_step)):
+            stages += [StageEstimate(f"realm_{variant}", pretrain_steps, step_seconds, embed),
+                       StageEstimate(f"realm_{variant}_index", 0, 0.0, embed),
+                       StageEstimate(f"qa_{variant}", qa_steps, c.qa_step, work.qa_dev * c.qa_question)]
+    return stages
+
+
+def plan_pipeline(preset: Preset, work: Workload, budget_minutes: float | None) -> PipelinePlan:
+    """Scale the preset's step counts so the estimated run fits `budget_minutes` (None: keep them)."""
+    stages = estimate(preset, work)
+    if budget_minutes is None:
+        return PipelinePlan(None, 1.0, preset, tuple(stages))
+    fixed = preset.costs.fixed_seconds + sum(s.fixed_seconds for s in stages)
+    training = sum(s.steps * s.step_seconds for s in stages)
+    left = budget_minutes * 60 - fixed
+    if left <= 0 or training <= 0:
+        raise ValueError(f"a budget of {budget_minutes:g} min is too small: embedding, tagging and evaluation "
+                         f"alone take about {fixed / 60:.0f} min on the {preset.name} preset")
+    scale = left / training
+    scaled = scale_preset(preset, scale, work.qa_train)
+    plan = PipelinePlan(budget_minutes, scale, scaled, tuple(estimate(scaled, work)))
+    if plan.estimated_minutes > budget_minutes * BUDGET_SLACK:  # the minimum step counts do not fit
+        raise ValueError(f"a budget of {budget_minutes:g} min is too small: even {MIN_TRAINING_STEPS} steps per "
+                         f"trainer take about {plan.estimated_minutes:.0f} min on the {preset.name} preset")
+    return plan

@@ -1,0 +1,120 @@
+"""`realm pipeline`: the time budget, stage skipping/resuming, and a whole run on tiny random models."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
+
+from realm.budget import Workload, plan_pipeline
+from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, get_preset
+from realm.pipeline import STAGES, Pipeline, PipelineOptions, Stages
+
+
+def test_budget_scales_every_training_stage_to_fit():
+    cpu = get_preset("cpu")
+    work = Workload(blocks=16_772, qa_train=9_074, qa_dev=1_496)
+    unscaled = plan_pipeline(cpu, work, None)
+    assert unscaled.scale == 1.0 and unscaled.preset == cpu
+    plan = plan_pipeline(cpu, work, 60)
+    assert plan.estimated_minutes == pytest.approx(60, abs=1)
+    assert plan.scale < 1
+    assert plan.preset.ict.steps == round(cpu.ict.steps * plan.scale)
+    assert plan.preset.pretrain.steps == round(cpu.pretrain.steps * plan.scale)
+    assert plan.preset.qa.steps == round(1135 * plan.scale)  # one epoch of 9,074 questions at batch 8
+    assert plan.preset.pretrain.retriever_frozen_steps == round(cpu.pretrain.retriever_frozen_steps * plan.scale)
+    assert 0 < plan.preset.pretrain.refresh_every < cpu.pretrain.refresh_every
+    longer = plan_pipeline(cpu, work, 600)
+    assert longer.preset.pretrain.steps > cpu.pretrain.steps  # a bigger budget buys more steps
+    with_ablations = plan_pipeline(cpu, dataclasses.replace(work, ablations=True), 60)
+    assert with_ablations.preset.pretrain.steps < plan.preset.pretrain.steps  # the same budget, more runs
+    with pytest.raises(ValueError, match="too small"):
+        plan_pipeline(cpu, work, 5)
+    with pytest.raises(ValueError, match="need QA"):
+        Workload(blocks=10, ablations=True)
+
+
+def test_stages_skip_resume_and_keep_stale_output(tmp_path):
+    calls: list[tuple[str, bool]] = []
+    said: list[str] = []
+
+    def work(folder: Path, resume: bool) -> dict:
+        calls.append((folder.name, resume))
+        (folder / "out.txt").write_text("x")
+        return {"value": 1}
+
+    stages = Stages(tmp_path, said.append)
+    first = stages.run("a", {"n": 1}, work)
+    assert first.result == {"value": 1} and calls == [("a", False)]
+    assert stages.run("a", {"n": 1}, work).fingerprint == first.fingerprint and len(calls) == 1  # skipped
+    (tmp_path / STAGES / "a.json").rename(tmp_path / STAGES / "a.started.json")  # as if killed before finishing
+    stages.run("a", {"n": 1}, work)
+    assert calls[-1] == ("a", True)
+    stages.run("a", {"n": 2}, work)  # new settings: a fresh folder, the old one moved aside
+    assert calls[-1] == ("a", False)
+    stale = [p for p in tmp_path.iterdir() if p.name.startswith("a.stale-")]
+    assert len(stale) == 1 and (stale[0] / "out.txt").exists() and (stale[0] / "stage.json").exists()
+    assert json.loads((tmp_path / STAGES / "a.json").read_text())["fingerprint"] != first.fingerprint
+
+
+TINY_PIPELINE = Preset(
+    name="cpu", corpus=TINY_CORPUS, retriever=TINY_RETRIEVER,
+    embed=dataclasses.replace(TINY_EMBED, shard_size=1000), index=IndexConfig(),
+    ict=ICTConfig(steps=2, batch_size=4, lr=1e-3, warmup_steps=1, checkpoint_every=1, log_every=1),
+    pretrain=PretrainConfig(steps=4, batch_size=4, lr=1e-3, head_lr_multiplier=10, warmup_steps=1, num_candidates=3,
+                            max_masks=5, refresh_every=2, checkpoint_every=2, log_every=1, held_out_fraction=0.3),
+    qa=dataclasses.replace(TINY_QA, epochs=1),
+)
+QUESTIONS = [("What is the capital of France?", "Paris"), ("Where was Bach born?", "Eisenach"),
+             ("When did Armstrong walk on the Moon?", "1969"), ("What is the capital of Japan?", "Tokyo"),
+             ("Into which sea does the Nile flow?", "Mediterranean Sea"), ("Where did Bach die?", "Leipzig")]
+
+
+@pytest.fixture
+def tiny_run(tmp_path: Path) -> PipelineOptions:
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"question": q, "answer": [a]}) + "\n" for q, a in QUESTIONS))
+    return PipelineOptions(inputs=(str(docs),), run_dir=tmp_path / "run", warm_start="random", qa_train=qa, qa_dev=qa,
+                           ablations=True, progress=False)
+
+
+def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
+    said: list[str] = []
+    report = Pipeline(tiny_run, TINY_PIPELINE, said.append).run()
+    run = tiny_run.run_dir
+    for stage in ("corpus", "warm_start", "ict", "realm", "baseline_index", "ict_index", "realm_index", "qa", "eval",
+                  "qa_ict", "realm_uniform", "realm_uniform_index", "qa_uniform", "realm_frozen", "realm_frozen_index",
+                  "qa_frozen", "examples"):
+        assert (run / STAGES / f"{stage}.json").is_file(), stage
+    text = report.read_text()
+    for section in ("## Configuration", "## Stages", "## Training curves", "## Retrieval recall", "## Open-QA exact match",
+                    "## Ablations", "## Worked examples"):
+        assert section in text
+    assert (run / "plots" / "realm.png").is_file() and "data:image/png;base64," in (run / "report.html").read_text()
+    results = (run / "results.md").read_text()  # numbers only: what docs/results.md records
+    assert "## Ablations" in results and "## Open-QA exact match" in results and "## Training curves" not in results
+    realm = json.loads((run / STAGES / "realm.json").read_text())["result"]
+    assert realm["steps"] == TINY_PIPELINE.pretrain.steps
+    frozen_versions = json.loads((run / STAGES / "realm_frozen.json").read_text())["result"]["index_version"]
+    assert frozen_versions == 1  # the ablation's index never refreshes
+    evaluation = json.loads((run / STAGES / "eval.json").read_text())["result"]
+    assert set(evaluation) == {"dense", "bm25", "zero_shot/off-the-shelf", "zero_shot/ICT", "zero_shot/REALM"}
+    assert (run / "eval" / "predictions_bm25.jsonl").read_text().count("\n") == len(QUESTIONS)
+    ablations = text.split("## Ablations")[1].split("##")[0]
+    rows = [line for line in ablations.splitlines() if line.startswith(("| retriever |", "| masking |", "| index |"))]
+    assert len(rows) == 3 and all(" vs " in row and "| 38.20 |" in row for row in rows)
+
+    said.clear()
+    Pipeline(tiny_run, TINY_PIPELINE, said.append).run()  # everything matches: nothing runs again
+    assert not [line for line in said if line.endswith(": running") or line.endswith(": resuming")]
+
+    said.clear()
+    changed = dataclasses.replace(TINY_PIPELINE, ict=dataclasses.replace(TINY_PIPELINE.ict, steps=3))
+    Pipeline(dataclasses.replace(tiny_run, ablations=False), changed, said.append).run()
+    ran = {line.split()[1].rstrip(":") for line in said if line.endswith(": running")}
+    assert {"ict", "realm", "qa", "examples"} <= ran and "corpus" not in ran and "warm_start" not in ran
