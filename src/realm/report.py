@@ -171,10 +171,13 @@ def _curves(doc: Document, run_dir: Path, records: dict) -> None:
                 doc.image(png, f"{stage} training curves")
 
 
-def _qa_tables(doc: Document, r: dict) -> None:
+def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
     ev = r["eval"]
     doc.heading("Retrieval recall on the dev questions")
-    doc.paragraph(f"Percent of the {ev['dense']['questions']} questions with an answer-bearing block in the top k.")
+    selection = plan.preset.qa.dev_limit or ev["dense"]["questions"]
+    doc.paragraph(f"Percent of the {ev['dense']['questions']} questions with an answer-bearing block in the top k. "
+                  f"Fine-tuning scores the first {selection} of them at the end of each epoch (and of the run) and keeps "
+                  "the best checkpoint, so with more than one epoch the exact match below is slightly optimistic.")
     ks = ["recall@1", "recall@5", "recall@20"]
     rows = [["BM25", *(ev["bm25"].get(k) for k in ks)]]
     rows += [[f"{key.split('/', 1)[1]} (zero-shot)", *(values.get(k) for k in ks)]
@@ -234,7 +237,7 @@ def write_report(run_dir: Path, records: dict, plan: PipelinePlan, seconds: floa
     _stages(doc, records, plan)
     _curves(doc, run_dir, records)
     if "eval" in r:
-        _qa_tables(doc, r)
+        _qa_tables(doc, r, plan)
     if has_ablations:
         _ablations(doc, r)
     if "examples" in r:
@@ -245,7 +248,7 @@ def write_report(run_dir: Path, records: dict, plan: PipelinePlan, seconds: floa
     results.paragraph(f"Command: `{command}`. Written {time.strftime('%Y-%m-%d')} from the run's own records.")
     _configuration(results, r, plan)
     if "eval" in r:
-        _qa_tables(results, r)
+        _qa_tables(results, r, plan)
     if has_ablations:
         _ablations(results, r)
 
