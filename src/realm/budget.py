@@ -10,7 +10,6 @@ retriever freeze, the refresh interval, checkpoints) scale with them.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from realm.config import Preset
@@ -78,7 +77,7 @@ def scale_preset(preset: Preset, scale: float, qa_train: int) -> Preset:
                               warmup_steps=_scaled(ict.warmup_steps, scale),
                               checkpoint_every=_scaled(ict.checkpoint_every, scale))
     if qa_train:
-        qa_steps = _scaled(qa.steps or qa.epochs * math.ceil(qa_train / qa.batch_size), scale, MIN_TRAINING_STEPS)
+        qa_steps = _scaled(qa.total_steps(qa_train), scale, MIN_TRAINING_STEPS)
         qa = dataclasses.replace(qa, steps=qa_steps, checkpoint_every=min(qa.checkpoint_every, qa_steps))
     return dataclasses.replace(preset, ict=ict, pretrain=pretrain, qa=qa)
 
@@ -87,9 +86,7 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     """Per-stage estimates for `preset` as it stands."""
     c = preset.costs
     embed = work.blocks / c.embed_blocks_per_second
-    qa_steps = 0
-    if work.qa_train:
-        qa_steps = preset.qa.steps or preset.qa.epochs * math.ceil(work.qa_train / preset.qa.batch_size)
+    qa_steps = preset.qa.total_steps(work.qa_train) if work.qa_train else 0
     pretrain_steps = preset.pretrain.steps
     stages = [StageEstimate("ict", preset.ict.steps, c.ict_step, 0.0),
               StageEstimate("realm", pretrain_steps, c.pretrain_step, (work.blocks / c.tag_blocks_per_second) + embed)]

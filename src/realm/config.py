@@ -7,6 +7,7 @@ Guu et al. (2020) and the released TF code (see docs/realm.md of the shared spec
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -120,6 +121,10 @@ class QAConfig:
     checkpoint_every: int = 500
     log_every: int = 10
     seed: int = 0
+
+    def total_steps(self, num_questions: int) -> int:
+        """`steps` if set, else `epochs` passes over the training questions."""
+        return self.steps or self.epochs * math.ceil(num_questions / self.batch_size)
 
     def warmup_steps(self, total_steps: int) -> int:
         """ORQA: min(10000, max(100, steps / 10))."""

@@ -99,9 +99,11 @@ def worked_examples(model: RealmModel, sentences: SentenceSet, store: BlockStore
         null = (token_lp[:, 0] * valid).sum(-1)  # (B,) log prod_j p(y_j | null, x)
         top = (token_lp[:, 1] * valid).sum(-1) if token_lp.size(1) > 1 else null
         marginal = (torch.logsumexp(log_pz.unsqueeze(-1) + token_lp, dim=1) * valid).sum(-1)
+        top_ids = batch.candidate_ids[:, 1].tolist() if batch.candidate_ids.shape[1] > 1 else [-1] * len(queries)
+        found = [i for i in top_ids if i >= 0]
+        blocks = dict(zip(found, store.take(found)))  # one Arrow take per batch
         for b, query in enumerate(queries):
-            block_id = int(batch.candidate_ids[b, 1]) if batch.candidate_ids.shape[1] > 1 else -1
-            block = store.take([block_id])[0] if block_id >= 0 else None
+            block = blocks.get(top_ids[b])
             example = WorkedExample(
                 masked_sentence=tokenizer.decode(query.input_ids[1:-1]), answer=tokenizer.decode(query.targets),
                 top_block_title=block.title if block else "", top_block_text=block.body if block else "",

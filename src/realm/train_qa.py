@@ -108,7 +108,7 @@ def train_qa(model_spec: str, index_dir: Path, train: Sequence[QAExample], dev: 
     model.to(device).train()
     k = min(cfg.top_k, len(index.block_ids))
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
-    total = cfg.steps or cfg.epochs * steps_per_epoch
+    total = cfg.total_steps(len(train))
     optimizer = bert_optimizer(model, cfg.lr, prefix_lrs={"reader.span_head.": cfg.lr * cfg.head_lr_multiplier,
                                                           "retriever.": cfg.retriever_lr or cfg.lr})
     scheduler = linear_schedule(optimizer, cfg.warmup_steps(total), total)
