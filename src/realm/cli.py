@@ -20,6 +20,7 @@ from realm.tokenization import MINILM, load_tokenizer, resolve_tokenizer_dir
 
 log = logging.getLogger("realm")
 
+
 def _preset(args: argparse.Namespace) -> Preset:
     """The chosen preset with command-line overrides applied."""
     preset = get_preset(args.preset)
