@@ -11,7 +11,7 @@ from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
 
 from realm.budget import Workload, plan_pipeline
 from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, get_preset
-from realm.pipeline import STAGES, Pipeline, PipelineOptions, Stages
+from realm.pipeline import STAGES, Pipeline, PipelineOptions, Stages, describe_input
 
 
 def test_budget_scales_every_training_stage_to_fit():
@@ -58,6 +58,19 @@ def test_stages_skip_resume_and_keep_stale_output(tmp_path):
     stale = [p for p in tmp_path.iterdir() if p.name.startswith("a.stale-")]
     assert len(stale) == 1 and (stale[0] / "out.txt").exists() and (stale[0] / "stage.json").exists()
     assert json.loads((tmp_path / STAGES / "a.json").read_text())["fingerprint"] != first.fingerprint
+
+
+def test_an_input_is_its_content_not_its_path_or_mtime(tmp_path):
+    first = tmp_path / "a.jsonl"
+    first.write_text('{"title": "T", "text": "x"}\n')
+    copy = tmp_path / "moved" / "b.jsonl"
+    copy.parent.mkdir()
+    copy.write_bytes(first.read_bytes())  # a re-copied file: new path, new mtime, same bytes
+    assert describe_input(str(copy)) == describe_input(str(first))
+    copy.write_text('{"title": "T", "text": "y"}\n')
+    assert describe_input(str(copy)) != describe_input(str(first))
+    with pytest.raises(FileNotFoundError, match="not a file"):
+        describe_input(str(tmp_path / "missing.jsonl"))
 
 
 TINY_PIPELINE = Preset(
