@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,9 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     assert realm["steps"] == TINY_PIPELINE.pretrain.steps
     frozen_versions = json.loads((run / STAGES / "realm_frozen.json").read_text())["result"]["index_version"]
     assert frozen_versions == 1  # the ablation's index never refreshes
+    shown = json.loads((run / STAGES / "examples.json").read_text())["result"]["examples"]
+    gains = [math.log(e["p_with_top_block"]) - math.log(e["p_without_retrieval"]) for e in shown]
+    assert len(shown) == 3 and gains == sorted(gains, reverse=True)  # where the top block helped most, first
     evaluation = json.loads((run / STAGES / "eval.json").read_text())["result"]
     assert set(evaluation) == {"dense", "bm25", "zero_shot/off-the-shelf", "zero_shot/ICT", "zero_shot/REALM"}
     assert (run / "eval" / "predictions_bm25.jsonl").read_text().count("\n") == len(QUESTIONS)

@@ -89,8 +89,9 @@ class WorkedExample:
 def worked_examples(model: RealmModel, sentences: SentenceSet, store: BlockStore, index: MipsIndex,
                     num_candidates: int, query_max_tokens: int, max_masks: int = 10, pool: int = 200,
                     count: int = 3, batch_size: int = 16) -> list[WorkedExample]:
-    """Of the first `pool` held-out sentences, the `count` where retrieval raises p(answer) the most
-    (log marginal minus log without retrieval): the paper's Table 3 picks such examples too."""
+    """Of the first `pool` held-out sentences, the `count` where the top retrieved block raises p(answer)
+    the most (log p(y|z_top,x) minus log p(y|null,x)), so the block shown is the evidence that helped:
+    the paper's Table 3 picks such examples too."""
     tokenizer = model.retriever.tokenizer
     scored: list[tuple[float, WorkedExample]] = []
     for queries, batch, stats in _scored(model, sentences, store, index, num_candidates, query_max_tokens, max_masks,
@@ -109,6 +110,6 @@ def worked_examples(model: RealmModel, sentences: SentenceSet, store: BlockStore
                 top_block_title=block.title if block else "", top_block_text=block.body if block else "",
                 p_top_block=float(log_pz[b, 1].exp()) if block else 0.0, p_without_retrieval=float(null[b].exp()),
                 p_with_top_block=float(top[b].exp()), p_marginal=float(marginal[b].exp()))
-            scored.append((float(marginal[b] - null[b]), example))
+            scored.append((float(top[b] - null[b]), example))
     scored.sort(key=lambda pair: -pair[0])
     return [example for _, example in scored[:count]]
