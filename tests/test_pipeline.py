@@ -109,6 +109,7 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     for section in ("## Configuration", "## Stages", "## Training curves", "## Retrieval recall", "## Open-QA exact match",
                     "## Ablations", "## Worked examples"):
         assert section in text
+    assert "In progress" not in text and "pending" not in text
     assert (run / "plots" / "realm.png").is_file() and "data:image/png;base64," in (run / "report.html").read_text()
     results = (run / "results.md").read_text()  # numbers only: what docs/results.md records
     assert "## Ablations" in results and "## Open-QA exact match" in results and "## Training curves" not in results
@@ -135,3 +136,16 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     Pipeline(dataclasses.replace(tiny_run, ablations=False), changed, said.append).run()
     ran = {line.split()[1].rstrip(":") for line in said if line.endswith(": running")}
     assert {"ict", "realm", "qa", "examples"} <= ran and "corpus" not in ran and "warm_start" not in ran
+
+
+def test_a_stopped_run_has_a_report_of_what_finished(tiny_run, monkeypatch):
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(Pipeline, "evaluate", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        Pipeline(dataclasses.replace(tiny_run, ablations=False), TINY_PIPELINE, lambda _: None).run()
+    text = (tiny_run.run_dir / "report.md").read_text()  # written after each stage, the last after `qa`
+    assert "In progress" in text and "## Training curves" in text and "## Open-QA exact match" not in text
+    stages = text.split("## Stages")[1].split("##")[0]
+    assert "| qa |" in stages and "| eval |" in stages and stages.count("pending") == 1  # eval: not yet run

@@ -67,9 +67,11 @@ class Stages:
     Records live in `run_dir/stages/` (`<name>.json` when done, `<name>.started.json` while running), so a
     stage folder holds only what the stage wrote."""
 
-    def __init__(self, run_dir: Path, echo: Callable[[str], None] = print):
+    def __init__(self, run_dir: Path, echo: Callable[[str], None] = print,
+                 on_finish: Callable[[], None] = lambda: None):
         self.run_dir = Path(run_dir)
         self.echo = echo
+        self.on_finish = on_finish  # after each stage that ran
         self.records: dict[str, StageRecord] = {}
 
     def _record_path(self, name: str) -> Path:
@@ -111,6 +113,7 @@ class Stages:
         started.unlink(missing_ok=True)
         self.echo(f"[pipeline] {name}: done in {record.seconds / 60:.1f} min")
         self.records[name] = record
+        self.on_finish()
         return record
 
 
@@ -147,11 +150,12 @@ class Pipeline:
         self.options = options
         self.base_preset = preset
         self.run_dir = Path(options.run_dir)
-        self.stages = Stages(self.run_dir, echo)
+        self.stages = Stages(self.run_dir, echo, on_finish=lambda: self.report(complete=False))
         self.echo = echo
         self.qa_train: list[QAExample] = load_qa(options.qa_train) if options.qa_train else []
         self.qa_dev: list[QAExample] = load_qa(options.qa_dev) if options.qa_dev else []
         self.plan: PipelinePlan | None = None
+        self.began = time.time()
 
     # -- stages ---------------------------------------------------------------------------------------
     def corpus(self) -> StageRecord:
@@ -305,10 +309,17 @@ class Pipeline:
                                             "limit": ACCURACY_LIMIT}, work)
 
     # -- the run --------------------------------------------------------------------------------------
-    def run(self) -> Path:
+    def report(self, complete: bool) -> Path | None:
+        """The report of the stages finished so far (none before the plan exists)."""
         from realm.report import write_report
 
-        began = time.time()
+        if self.plan is None:
+            return None
+        return write_report(self.run_dir, self.stages.records, self.plan, time.time() - self.began,
+                            self.options.command, complete)
+
+    def run(self) -> Path:
+        self.began = time.time()
         corpus = self.corpus()
         work = Workload(corpus.result["blocks"], len(self.qa_train), len(self.qa_dev), self.options.ablations)
         self.plan = plan_pipeline(self.base_preset, work, self.options.budget_minutes)
@@ -332,6 +343,7 @@ class Pipeline:
             self.evaluate(preset, qa, {"off-the-shelf": (warm_index, self.run_dir / "warm_start" / "retriever"),
                                        "ICT": (ict_index, self.run_dir / "ict" / "retriever"),
                                        "REALM": (realm_index, self.run_dir / "realm" / "retriever")})
+        self.examples(preset, realm)
         if self.options.ablations:
             self.finetune("qa_ict", self.run_dir / "ict", self.run_dir / "ict_index" / "index", preset, [ict_index],
                           reader=self.run_dir / "warm_start" / "reader", evaluate=True)
@@ -342,7 +354,6 @@ class Pipeline:
                                    [pretrained, corpus])
                 self.finetune(f"qa_{variant}", self.run_dir / pretrained.name, self.run_dir / index.name / "index",
                               preset, [index], evaluate=True)
-        self.examples(preset, realm)
-        report = write_report(self.run_dir, self.stages.records, self.plan, time.time() - began, self.options.command)
+        report = self.report(complete=True)
         self.echo(f"[pipeline] report: {report} (and {report.with_suffix('.html').name})")
         return report

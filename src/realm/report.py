@@ -18,9 +18,9 @@ from realm.io import write_atomic
 
 # Guu et al. (2020), Table 2 / section 4.4: NQ dev exact match of REALM and the ablated variant.
 PAPER_ABLATIONS = {
-    "retriever": ("REALM-pretrained retriever", "ICT-only retriever (ORQA)", 38.2, 31.3, "qa", "qa_ict"),
-    "masking": ("salient-span masking", "random uniform masking", 38.2, 32.3, "qa", "qa_uniform"),
-    "index": ("refreshed index", "frozen (stale) index", 38.2, 28.7, "qa", "qa_frozen"),
+    "retriever": ("REALM-pretrained retriever", "ICT-only retriever (ORQA)", 38.2, 31.3, "qa_ict"),
+    "masking": ("salient-span masking", "random uniform masking", 38.2, 32.3, "qa_uniform"),
+    "index": ("refreshed index", "frozen (stale) index", 38.2, 28.7, "qa_frozen"),
 }
 CURVES = {  # trainer stage -> the metrics plotted, in panel order
     "ict": ("loss", "accuracy"),
@@ -156,9 +156,10 @@ def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
 def _stages(doc: Document, records: dict, plan: PipelinePlan) -> None:
     doc.heading("Stages")
     estimated = {s.name: s.seconds for s in plan.stages}
-    doc.table(["stage", "estimated min", "took min", "finished"], [
-        [name, estimated[name] / 60 if name in estimated else None, record.seconds / 60,
-         time.strftime("%Y-%m-%d %H:%M", time.localtime(record.finished))] for name, record in records.items()])
+    done = [[name, estimated[name] / 60 if name in estimated else None, record.seconds / 60,
+             time.strftime("%Y-%m-%d %H:%M", time.localtime(record.finished))] for name, record in records.items()]
+    pending = [[name, seconds / 60, None, "pending"] for name, seconds in estimated.items() if name not in records]
+    doc.table(["stage", "estimated min", "took min", "finished"], done + pending)
 
 
 def _curves(doc: Document, run_dir: Path, records: dict) -> None:
@@ -194,14 +195,16 @@ def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
 
 
 def _ablations(doc: Document, r: dict) -> None:
+    """One row per ablation; a row whose run has not finished yet shows dashes."""
     doc.heading("Ablations (the paper's, in miniature)")
     doc.paragraph("Exact match on our dev questions after fine-tuning; the paper's numbers are NQ dev exact match "
                   "(Guu et al., 2020). Same corpus, data and step counts for every row.")
     rows = []
-    for what, (ours_label, other_label, paper_ours, paper_other, ours_stage, other_stage) in PAPER_ABLATIONS.items():
+    for what, (ours_label, other_label, paper_ours, paper_other, other_stage) in PAPER_ABLATIONS.items():
         ours = r["eval"]["dense"]["exact_match"]
-        other = r[other_stage]["dense"]["exact_match"]
-        rows.append([what, f"{ours_label} vs {other_label}", ours, other, ours - other, paper_ours, paper_other])
+        other = r[other_stage]["dense"]["exact_match"] if other_stage in r else None
+        rows.append([what, f"{ours_label} vs {other_label}", ours, other, None if other is None else ours - other,
+                     paper_ours, paper_other])
     doc.table(["ablation", "comparison", "ours EM", "ablated EM", "difference", "paper EM", "paper ablated EM"], rows)
 
 
@@ -222,17 +225,22 @@ def _examples(doc: Document, r: dict, plan: PipelinePlan) -> None:
                 f"{e['p_with_top_block']:.2e}", f"{e['p_marginal']:.2e}"] for e in ex["examples"]])
 
 
-def write_report(run_dir: Path, records: dict, plan: PipelinePlan, seconds: float, command: str) -> Path:
+def write_report(run_dir: Path, records: dict, plan: PipelinePlan, seconds: float, command: str,
+                 complete: bool = True) -> Path:
     """Write `report.md` and `report.html` (everything) and `results.md` (the numbers and the command only)
-    in `run_dir`, from the stage records of this run."""
+    in `run_dir`, from the stage records of this run. The pipeline writes them after every stage
+    (`complete=False`), so a long run has a report of what has finished so far."""
     run_dir = Path(run_dir)
     r = {name: record.result for name, record in records.items()}
-    has_ablations = all(stage in r for stage in ("qa_ict", "qa_uniform", "qa_frozen"))
+    planned = {s.name for s in plan.stages}
+    has_ablations = "eval" in r and any(other in planned for *_, other in PAPER_ABLATIONS.values())
+    status = ("" if complete else
+              f" **In progress:** {len(records)} stages done; the Stages table lists those still pending.")
     doc = Document()
     doc.heading(f"REALM pipeline report: {run_dir.name}", 1)
     doc.paragraph(f"Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `{command}`; this invocation took "
                   f"{seconds / 60:.1f} min (stages reused from earlier invocations are not counted). "
-                  "Every number below comes from this run's stage records, metrics logs and plan.")
+                  "Every number below comes from this run's stage records, metrics logs and plan." + status)
     _configuration(doc, r, plan)
     _stages(doc, records, plan)
     _curves(doc, run_dir, records)
@@ -245,7 +253,7 @@ def write_report(run_dir: Path, records: dict, plan: PipelinePlan, seconds: floa
 
     results = Document()
     results.heading(f"Results of `realm pipeline` ({run_dir.name})", 1)
-    results.paragraph(f"Command: `{command}`. Written {time.strftime('%Y-%m-%d')} from the run's own records.")
+    results.paragraph(f"Command: `{command}`. Written {time.strftime('%Y-%m-%d')} from the run's own records." + status)
     _configuration(results, r, plan)
     if "eval" in r:
         _qa_tables(results, r, plan)
