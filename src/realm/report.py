@@ -216,8 +216,9 @@ def _examples(doc: Document, r: dict, plan: PipelinePlan) -> None:
         [f"{plan.preset.pretrain.num_candidates} candidates incl. null (marginal)", ex["with_retrieval"]["token_accuracy"],
          ex["with_retrieval"]["span_accuracy"], ex["with_retrieval"]["utility"]]])
     doc.heading("Worked examples (like the paper's Table 3)")
-    doc.paragraph(f"The {len(ex['examples'])} of the first {ex['pool']} held-out sentences where retrieval raised the "
-                  "probability of the masked span the most; span probabilities are products over its wordpieces.")
+    doc.paragraph(f"The {len(ex['examples'])} of the first {ex['pool']} held-out sentences where the top retrieved block "
+                  "raised the probability of the masked span the most over no retrieval; span probabilities are "
+                  "products over its wordpieces.")
     doc.table(["masked sentence", "answer", "p without retrieval", "top retrieved block", "p(z|x)",
                "p with that block", "marginal p"],
               [[e["masked_sentence"], e["answer"], f"{e['p_without_retrieval']:.2e}",
