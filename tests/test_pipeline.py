@@ -38,6 +38,22 @@ def test_budget_scales_every_training_stage_to_fit():
         Workload(blocks=10, ablations=True)
 
 
+def test_a_run_keeps_its_plan_when_stage_costs_are_measured_anew(tmp_path):
+    cpu = get_preset("cpu")
+    work = Workload(blocks=12_000, qa_train=9_000, qa_dev=1_500, ablations=True)
+    options = PipelineOptions(run_dir=tmp_path, budget_minutes=150, progress=False)
+    first = Pipeline(options, cpu).make_plan(work)
+    slower = dataclasses.replace(cpu, costs=dataclasses.replace(cpu.costs, qa_step=2 * cpu.costs.qa_step))
+    again = Pipeline(options, slower).make_plan(work)  # a newer version's costs: finished stages stay valid
+    assert again.scale == first.scale
+    trainers = [(plan.preset.ict, plan.preset.pretrain, plan.preset.qa) for plan in (first, again)]
+    assert trainers[0] == trainers[1]
+    fresh = Pipeline(dataclasses.replace(options, run_dir=tmp_path / "other"), slower).make_plan(work)
+    assert fresh.scale < first.scale  # a new run plans with the new costs
+    rebudgeted = Pipeline(dataclasses.replace(options, budget_minutes=200), slower).make_plan(work)
+    assert rebudgeted.scale > fresh.scale  # a new budget is a new plan
+
+
 def test_stages_skip_resume_and_keep_stale_output(tmp_path):
     calls: list[tuple[str, bool]] = []
     said: list[str] = []

@@ -103,11 +103,16 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     return stages
 
 
-def plan_pipeline(preset: Preset, work: Workload, budget_minutes: float | None) -> PipelinePlan:
-    """Scale the preset's step counts so the estimated run fits `budget_minutes` (None: keep them)."""
+def plan_pipeline(preset: Preset, work: Workload, budget_minutes: float | None,
+                  scale: float | None = None) -> PipelinePlan:
+    """Scale the preset's step counts so the estimated run fits `budget_minutes` (None: keep them).
+    `scale`: the one an earlier plan of this run chose, kept so its finished stages stay valid."""
     stages = estimate(preset, work)
     if budget_minutes is None:
         return PipelinePlan(None, 1.0, preset, tuple(stages))
+    if scale is not None:
+        scaled = scale_preset(preset, scale, work.qa_train)
+        return PipelinePlan(budget_minutes, scale, scaled, tuple(estimate(scaled, work)))
     fixed = preset.costs.fixed_seconds + sum(s.fixed_seconds for s in stages)
     training = sum(s.steps * s.step_seconds for s in stages)
     left = budget_minutes * 60 - fixed

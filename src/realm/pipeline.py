@@ -2,13 +2,15 @@
 
     corpus -> warm start -> ICT -> REALM pretraining (first index, asynchronous refresher)
            -> [QA: off-the-shelf and ICT indexes -> fine-tuning -> evaluation (dense, BM25, zero-shot recall)]
+           -> worked examples
            -> [ablations: ICT-only retriever, uniform masking, frozen index; each fine-tuned and evaluated]
-           -> worked examples -> report
+    and the report, rewritten after every stage.
 
 Each stage writes into `<run>/<stage>/` and finishes by writing `<run>/stages/<stage>.json` (its
-fingerprint, duration and results) atomically. The fingerprint covers the stage's settings and the fingerprints of the stages
-it reads, so a re-run skips what matches, resumes a stage that was interrupted (trainers continue from
-their newest checkpoint), and moves aside (never deletes) a stage folder whose settings changed.
+fingerprint, duration and results) atomically. The fingerprint covers the stage's settings, the content
+of its input files and the fingerprints of the stages it reads, so a re-run skips what matches, resumes
+a stage that was interrupted (trainers continue from their newest checkpoint), and moves aside (never
+deletes) a stage folder whose settings changed. The step counts are planned once per run (plan.json).
 """
 
 from __future__ import annotations
@@ -318,15 +320,26 @@ class Pipeline:
         return write_report(self.run_dir, self.stages.records, self.plan, time.time() - self.began,
                             self.options.command, complete)
 
+    def make_plan(self, work: Workload) -> PipelinePlan:
+        """Planned once per run directory: a re-run for the same budget, preset and workload keeps the scale
+        in plan.json, so stage costs measured anew (a newer version) cannot change step counts and so
+        re-run finished stages."""
+        basis = {"budget_minutes": self.options.budget_minutes, "preset": self.base_preset.name,
+                 "workload": dataclasses.asdict(work)}
+        path = self.run_dir / "plan.json"
+        stored = json.loads(path.read_text()) if path.is_file() else {}
+        plan = plan_pipeline(self.base_preset, work, self.options.budget_minutes,
+                             stored["scale"] if stored.get("basis") == basis else None)
+        options = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self.options).items()}
+        write_json_atomic(path, {"basis": basis, **plan.to_dict(), "preset": plan.preset.to_dict(), "options": options})
+        return plan
+
     def run(self) -> Path:
         self.began = time.time()
         corpus = self.corpus()
-        work = Workload(corpus.result["blocks"], len(self.qa_train), len(self.qa_dev), self.options.ablations)
-        self.plan = plan_pipeline(self.base_preset, work, self.options.budget_minutes)
+        self.plan = self.make_plan(
+            Workload(corpus.result["blocks"], len(self.qa_train), len(self.qa_dev), self.options.ablations))
         preset = self.plan.preset
-        write_json_atomic(self.run_dir / "plan.json", {**self.plan.to_dict(), "preset": preset.to_dict(),
-                                                       "options": {k: str(v) if isinstance(v, Path) else v
-                                                                   for k, v in dataclasses.asdict(self.options).items()}})
         self.echo(f"[pipeline] plan: {self.plan.estimated_minutes:.0f} min estimated"
                   + (f" for a budget of {self.plan.budget_minutes:g} min (training steps x{self.plan.scale:.2f})"
                      if self.plan.budget_minutes else "")
