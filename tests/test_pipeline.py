@@ -68,7 +68,7 @@ def test_stages_skip_resume_and_keep_stale_output(tmp_path):
     assert first.result == {"value": 1} and calls == [("a", False)]
     assert stages.run("a", {"n": 1}, work).fingerprint == first.fingerprint and len(calls) == 1  # skipped
     (tmp_path / STAGES / "a.json").rename(tmp_path / STAGES / "a.started.json")  # as if killed before finishing
-    stages.run("a", {"n": 1}, work)
+    assert stages.run("a", {"n": 1}, work).resumed
     assert calls[-1] == ("a", True)
     stages.run("a", {"n": 2}, work)  # new settings: a fresh folder, the old one moved aside
     assert calls[-1] == ("a", False)

@@ -59,9 +59,10 @@ def describe_input(spec: str) -> dict:
 class StageRecord:
     name: str
     fingerprint: str
-    seconds: float
+    seconds: float  # in the invocation that finished it
     finished: float
     result: dict
+    resumed: bool = False  # so `seconds` leaves out the time before the interruption
 
 
 class Stages:
@@ -110,7 +111,7 @@ class Stages:
         self.echo(f"[pipeline] {name}: {'resuming' if resume else 'running'}")
         began = time.monotonic()
         result = work(folder, resume)
-        record = StageRecord(name, fingerprint, time.monotonic() - began, time.time(), result)
+        record = StageRecord(name, fingerprint, time.monotonic() - began, time.time(), result, resume)
         write_json_atomic(self._record_path(name), dataclasses.asdict(record))
         started.unlink(missing_ok=True)
         self.echo(f"[pipeline] {name}: done in {record.seconds / 60:.1f} min")

@@ -156,7 +156,8 @@ def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
 def _stages(doc: Document, records: dict, plan: PipelinePlan) -> None:
     doc.heading("Stages")
     estimated = {s.name: s.seconds for s in plan.stages}
-    done = [[name, estimated[name] / 60 if name in estimated else None, record.seconds / 60,
+    done = [[name, estimated[name] / 60 if name in estimated else None,
+             f"{record.seconds / 60:.2f}" + (" (resumed: after the cut)" if record.resumed else ""),
              time.strftime("%Y-%m-%d %H:%M", time.localtime(record.finished))] for name, record in records.items()]
     pending = [[name, seconds / 60, None, "pending"] for name, seconds in estimated.items() if name not in records]
     doc.table(["stage", "estimated min", "took min", "finished"], done + pending)
