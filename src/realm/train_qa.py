@@ -23,10 +23,18 @@ from torch.nn.parallel import DistributedDataParallel
 from realm.config import Preset
 from realm.corpus import BlockStore
 from realm.embed import default_device, resolve_compute_dtype
-from realm.evaluation import QAExample, has_answer, is_exact_match
+from realm.evaluation import QAExample, has_answer
 from realm.index import MipsIndex
 from realm.io import write_dir_atomic
-from realm.qa import Answerer, QABatch, QAModel, matching_spans, reader_batch, stored_vectors
+from realm.qa import (
+    Answerer,
+    QABatch,
+    QAModel,
+    evaluate_qa,
+    matching_spans,
+    reader_batch,
+    stored_vectors,
+)
 from realm.search import DenseSearcher
 from realm.training import (
     DataOrder,
@@ -84,11 +92,6 @@ def save_best(model: QAModel, folder: Path, dev: dict) -> None:
     write_dir_atomic(folder, write)
 
 
-def exact_match(answerer: Answerer, examples: Sequence[QAExample]) -> float:
-    answers = answerer.ask([e.question for e in examples])
-    return 100.0 * sum(is_exact_match(a.answer, e) for a, e in zip(answers, examples)) / len(examples)
-
-
 def train_qa(model_spec: str, index_dir: Path, train: Sequence[QAExample], dev: Sequence[QAExample], out: Path,
              preset: Preset, resume: bool = False, progress: bool = True, reader_spec: str | None = None) -> Path:
     """Fine-tune; returns out/best, the model with the best dev exact match. `reader_spec` overrides the
@@ -138,8 +141,8 @@ def train_qa(model_spec: str, index_dir: Path, train: Sequence[QAExample], dev: 
             epoch = math.ceil(step / steps_per_epoch)
             if end_of_epoch and d.main:
                 model.eval()
-                em = exact_match(Answerer(model, DenseSearcher(index, model.retriever, store), k,
-                                          store.config.max_block_tokens, dtype=dtype), dev_part)
+                em = evaluate_qa(Answerer(model, DenseSearcher(index, model.retriever, store), k,
+                                          store.config.max_block_tokens, dtype=dtype), dev_part, ())["exact_match"]
                 model.train()
                 metrics["dev_em"] = em
                 log.info("epoch %d: dev exact match %.2f on %d questions", epoch, em, len(dev_part))
