@@ -110,19 +110,21 @@ def plan_pipeline(preset: Preset, work: Workload, budget_minutes: float | None,
     stages = estimate(preset, work)
     if budget_minutes is None:
         return PipelinePlan(None, 1.0, preset, tuple(stages))
-    if scale is not None:
-        scaled = scale_preset(preset, scale, work.qa_train)
-        return PipelinePlan(budget_minutes, scale, scaled, tuple(estimate(scaled, work)))
+    chosen = _scale_to_fit(preset, stages, budget_minutes) if scale is None else scale
+    scaled = scale_preset(preset, chosen, work.qa_train)
+    plan = PipelinePlan(budget_minutes, chosen, scaled, tuple(estimate(scaled, work)))
+    if scale is None and plan.estimated_minutes > budget_minutes * BUDGET_SLACK:  # the minimum step counts do not fit
+        raise ValueError(f"a budget of {budget_minutes:g} min is too small: even {MIN_TRAINING_STEPS} steps per "
+                         f"trainer take about {plan.estimated_minutes:.0f} min on the {preset.name} preset")
+    return plan
+
+
+def _scale_to_fit(preset: Preset, stages: list[StageEstimate], budget_minutes: float) -> float:
+    """The factor on every trainer's steps that fills what the fixed costs leave of the budget."""
     fixed = preset.costs.fixed_seconds + sum(s.fixed_seconds for s in stages)
     training = sum(s.steps * s.step_seconds for s in stages)
     left = budget_minutes * 60 - fixed
     if left <= 0 or training <= 0:
         raise ValueError(f"a budget of {budget_minutes:g} min is too small: embedding, tagging and evaluation "
                          f"alone take about {fixed / 60:.0f} min on the {preset.name} preset")
-    scale = left / training
-    scaled = scale_preset(preset, scale, work.qa_train)
-    plan = PipelinePlan(budget_minutes, scale, scaled, tuple(estimate(scaled, work)))
-    if plan.estimated_minutes > budget_minutes * BUDGET_SLACK:  # the minimum step counts do not fit
-        raise ValueError(f"a budget of {budget_minutes:g} min is too small: even {MIN_TRAINING_STEPS} steps per "
-                         f"trainer take about {plan.estimated_minutes:.0f} min on the {preset.name} preset")
-    return plan
+    return left / training

@@ -142,7 +142,8 @@ def train_qa(model_spec: str, index_dir: Path, train: Sequence[QAExample], dev: 
             if end_of_epoch and d.main:
                 model.eval()
                 em = evaluate_qa(Answerer(model, DenseSearcher(index, model.retriever, store), k,
-                                          store.config.max_block_tokens, dtype=dtype), dev_part, ())["exact_match"]
+                                          store.config.max_block_tokens, dtype=dtype), dev_part,
+                                 recall_ks=())["exact_match"]
                 model.train()
                 metrics["dev_em"] = em
                 log.info("epoch %d: dev exact match %.2f on %d questions", epoch, em, len(dev_part))
