@@ -89,11 +89,11 @@ def tiny_qa(tmp_path: Path, tiny_corpus, tokenizer) -> tuple[Path, Path]:
     """A tiny random QA model saved to disk and the index its document tower built: (model dir, index dir)."""
     from realm.qa import QAModel, SpanReader
     from realm.refresh import build_from_retriever
-    from realm.retriever import Retriever, _random_bert
+    from realm.retriever import Retriever, random_bert
 
     retriever = Retriever.load("random", TINY_QA_PRESET.retriever)
     build_from_retriever(retriever, tiny_corpus, tmp_path / "index", TINY_EMBED, IndexConfig(), 0, 0.0)
-    reader = SpanReader(_random_bert(NO_DROPOUT, len(tokenizer), 7), tokenizer, TINY_QA.span_hidden, TINY_QA.max_span_width)
+    reader = SpanReader(random_bert(NO_DROPOUT, len(tokenizer), 7), tokenizer, TINY_QA.span_hidden, TINY_QA.max_span_width)
     QAModel(retriever, reader).save(tmp_path / "model")
     return tmp_path / "model", tmp_path / "index"
 

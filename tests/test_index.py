@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from conftest import build_tiny_index as _build
 
 from realm.config import IndexConfig
 from realm.embed import BlockEmbedder
-from realm.index import BUILDING, CURRENT, MipsIndex, MipsIndexError, build_faiss, current_version, publish
+from realm.index import BUILDING, CURRENT, ExactSearch, MipsIndex, MipsIndexError, build_faiss, current_version, publish
 from realm.retriever import Retriever
 from realm.search import BM25Searcher, DenseSearcher, SearchHit
 
@@ -185,3 +187,43 @@ def test_bm25_finds_the_term(tiny_corpus):
     assert hits[0].doc_id == "bach" and hits[0].score > 0
     assert len(hits) == 1  # blocks without any query term are not returned
     assert searcher.batch_search(["zzzzunknownword"], 5) == [[]]
+
+
+# -- exact search in torch (GPUs, and images without faiss) ------------------------------------------
+def test_exact_search_in_torch_equals_faiss_flat():
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((5000, 32)).astype(np.float32)
+    queries = rng.standard_normal((50, 32)).astype(np.float32)
+    expected_scores, expected_rows = build_faiss(vectors, IndexConfig(backend="flat"))[0].search(queries, 10)
+    for chunk_rows in (1 << 20, 777):  # one pass, and a scan in chunks merged across them
+        scores, rows = ExactSearch(vectors, "cpu", chunk_rows).search(queries, 10)
+        np.testing.assert_array_equal(rows, expected_rows)
+        np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-4)
+    scores, rows = ExactSearch(vectors[:7], "cpu", chunk_rows=3).search(queries, 10)  # k > N
+    assert rows.shape == (50, 7) and sorted(rows[0].tolist()) == list(range(7))
+    assert (np.diff(scores, axis=1) <= 0).all()
+
+
+def test_flat_index_builds_and_searches_without_faiss(tmp_path, tiny_corpus, tiny_retriever, monkeypatch):
+    _build(tiny_corpus, tiny_retriever, tmp_path / "with_faiss")
+    queries = tiny_retriever.embed_queries(["capital of France", "river in Africa", "moon"]).numpy()
+    expected_scores, expected_ids = MipsIndex(tmp_path / "with_faiss").search(queries, 5)
+    monkeypatch.setitem(sys.modules, "faiss", None)  # `import faiss` now fails, as on a GPU image without it
+    meta = _build(tiny_corpus, tiny_retriever, tmp_path / "without")
+    assert not (tmp_path / "without" / "versions" / f"v{meta.version:06d}" / "index.faiss").exists()
+    index = MipsIndex(tmp_path / "without")
+    assert isinstance(index.index, ExactSearch)
+    scores, ids = index.search(queries, 5)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-4)
+    with pytest.raises(MipsIndexError, match="hnsw backend needs faiss"):
+        _build(tiny_corpus, tiny_retriever, tmp_path / "hnsw", backend="hnsw")
+
+
+def test_gpu_side_modules_import_without_faiss_bm25s_or_spacy():
+    """The GPU image has torch and transformers but not faiss, bm25s or spaCy: training, evaluation and the CLI
+    must import there (BM25, approximate backends and salient-span tagging name what is missing when used)."""
+    code = ("import sys\nfor name in ('faiss', 'bm25s', 'spacy'):\n    sys.modules[name] = None\n"
+            "import realm.cli, realm.index, realm.search, realm.qa, realm.refresh, realm.pipeline\n"
+            "import realm.train_ict, realm.train_pretrain, realm.train_qa, realm.mlm_eval, realm.pretrain_data\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -234,7 +234,7 @@ def cmd_train_qa(args: argparse.Namespace) -> int:
     from realm.train_qa import train_qa
 
     best = train_qa(args.model, Path(args.index), load_qa(args.train), load_qa(args.dev), Path(args.out),
-                    _qa_preset(args), resume=args.resume, progress=not args.quiet)
+                    _qa_preset(args), resume=args.resume, progress=not args.quiet, reader_spec=args.reader)
     print(f"best model (dev exact match {json.loads((best / 'dev.json').read_text())['exact_match']:.2f}) in {best}")
     return 0
 
@@ -421,6 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     qa = train.add_parser("qa", help="open-QA fine-tuning over a frozen document index")
     qa.add_argument("--model", default=MINILM, help="minilm, a `train pretrain` output or a `train qa` output")
     qa.add_argument("--index", required=True, help="index built by the model's document tower")
+    qa.add_argument("--reader", help="reader warm start in place of the model's own (e.g. an ICT run with minilm: "
+                    "the ICT-only baseline)")
     qa.add_argument("--train", required=True, help="JSONL {question, answer: [...]} (*.regex.jsonl: regexes)")
     qa.add_argument("--dev", required=True)
     qa.add_argument("--out", required=True)

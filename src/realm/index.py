@@ -6,7 +6,8 @@ Layout of an index folder:
         meta.json             fingerprints (document tower, corpus), dims, count, backend, parameters
         embeddings.npy        (N, D) fp16 by default: what a refresh or a new backend reuses
         block_ids.npy         (N,) int64: row -> block id
-        index.faiss           the faiss index (faiss' own format; no pickle)
+        index.faiss           the faiss index (faiss' own format; no pickle); a flat version published
+                              where faiss is not installed has none: exact search needs only the embeddings
     building/                 resumable shards of a build in progress (deleted once published)
     added/                    blocks added by `realm index add` (Arrow, like the corpus), append-only: each
                               version's meta.json lists the files it layers over the base corpus
@@ -14,6 +15,10 @@ Layout of an index folder:
 A version is written under a temporary name and renamed when complete; CURRENT is switched only
 afterwards. A reader follows CURRENT, so it never sees a half-written index, and an interrupted
 build leaves the previous version live.
+
+Exact (`flat`) search runs on faiss' IndexFlatIP on a CPU, and as a brute-force matmul + top-k in torch
+(`ExactSearch`) on a GPU or where faiss is not installed, as the original REALM and Hugging Face code do:
+the same scores, ranked the same way. `hnsw` and `ivfpq` need faiss.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import faiss
 import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
@@ -76,10 +80,26 @@ class IndexMeta:
 
 
 # -- faiss ----------------------------------------------------------------------------------------
-def build_faiss(vectors: np.ndarray, config: IndexConfig) -> tuple[faiss.Index, dict]:
-    """Build the chosen backend over (N, D) float32 vectors; returns the index and its parameters."""
+def _faiss():
+    """The faiss module, or None where it is not installed (e.g. a GPU image without faiss)."""
+    try:
+        import faiss
+    except ImportError:
+        return None
+    return faiss
+
+
+def build_faiss(vectors: np.ndarray, config: IndexConfig):
+    """Build the chosen backend over (N, D) float32 vectors; returns the faiss index and its parameters.
+    Without faiss a flat version has no faiss index (None): exact search reads the embeddings."""
     n, dim = vectors.shape
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    faiss = _faiss()
+    if faiss is None:
+        if config.backend != "flat":
+            raise MipsIndexError(f"the {config.backend} backend needs faiss (pip install faiss-cpu); "
+                                 "flat (exact) search works without it")
+        return None, {}
     if config.backend == "flat":
         index = faiss.IndexFlatIP(dim)
         params: dict = {}
@@ -117,7 +137,7 @@ def config_of(meta: IndexMeta) -> IndexConfig:
     return IndexConfig(backend=meta.backend, **by_backend[meta.backend])
 
 
-def configure_search(index: faiss.Index, backend: str, params: dict) -> None:
+def configure_search(index, backend: str, params: dict) -> None:
     if backend == "hnsw":
         index.hnsw.efSearch = params["ef_search"]
     elif backend == "ivfpq":
@@ -174,9 +194,10 @@ def current_version(index_dir: Path) -> int | None:
     return int(pointer.read_text().strip().lstrip("v"))
 
 
-def publish(index_dir: Path, embeddings: np.ndarray, block_ids: np.ndarray, index: faiss.Index,
-            meta_fields: dict, keep_versions: int) -> IndexMeta:
-    """Write a complete new version, then switch CURRENT to it; prune versions beyond `keep_versions`."""
+def publish(index_dir: Path, embeddings: np.ndarray, block_ids: np.ndarray, index, meta_fields: dict,
+            keep_versions: int) -> IndexMeta:
+    """Write a complete new version, then switch CURRENT to it; prune versions beyond `keep_versions`.
+    `index` is the faiss index, or None for a flat version built without faiss."""
     versions_dir = index_dir / VERSIONS
     versions_dir.mkdir(parents=True, exist_ok=True)
     tmp = versions_dir / f".partial-{os.getpid()}-{time.monotonic_ns()}"
@@ -184,7 +205,8 @@ def publish(index_dir: Path, embeddings: np.ndarray, block_ids: np.ndarray, inde
     try:
         np.save(tmp / "embeddings.npy", embeddings)
         np.save(tmp / "block_ids.npy", block_ids.astype(np.int64))
-        faiss.write_index(index, str(tmp / "index.faiss"))
+        if index is not None:
+            _faiss().write_index(index, str(tmp / "index.faiss"))
         while True:  # claim the next version number; rename fails if another writer took it
             version = max(_versions(index_dir), default=0) + 1
             meta = IndexMeta(format_version=FORMAT_VERSION, version=version, created=time.time(), **meta_fields)
@@ -274,25 +296,75 @@ class LayeredStore(BlockStore):
         return digest.hexdigest()[:16]
 
 
-class MipsIndex:
-    """One published version of an index, loaded in memory."""
+class ExactSearch:
+    """Exact MIPS as a brute-force matmul + top-k in torch (fp32), on any device: the search of a flat index on
+    a GPU, or wherever faiss is absent. The stored vectors are scanned in chunks, so the (Q, N) score matrix
+    never exists in full (a 13M-block index is searched in slices of `chunk_rows`)."""
 
-    def __init__(self, index_dir: str | Path, version: int | None = None):
+    def __init__(self, vectors: np.ndarray, device: str | None = None, chunk_rows: int = 1 << 20):
+        import torch
+
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.vectors = torch.from_numpy(np.array(vectors, dtype=np.float32)).to(self.device)  # (N, D), a copy in memory
+        self.chunk_rows = chunk_rows
+
+    @property
+    def ntotal(self) -> int:
+        return self.vectors.shape[0]
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(Q, D) float32 -> scores (Q, k) float32 and rows (Q, k) int64, best first (k <= N)."""
+        import torch
+
+        q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32)).to(self.device)  # (Q, D)
+        best_scores = torch.empty(len(q), 0, device=self.device)
+        best_rows = torch.empty(len(q), 0, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            for start in range(0, self.ntotal, self.chunk_rows):
+                chunk = self.vectors[start : start + self.chunk_rows]  # (C, D)
+                scores, rows = torch.topk(q @ chunk.T, min(k, len(chunk)), dim=1)  # (Q, k) f(x, z) = q · z
+                scores, rows = torch.cat([best_scores, scores], 1), torch.cat([best_rows, rows + start], 1)
+                best_scores, order = torch.topk(scores, min(k, scores.shape[1]), dim=1)  # merge with earlier chunks
+                best_rows = torch.gather(rows, 1, order)
+        return best_scores.cpu().numpy(), best_rows.cpu().numpy()
+
+
+class MipsIndex:
+    """One published version of an index, loaded in memory. `device` ("cpu", "cuda"; None: a GPU if there is
+    one) says where a flat index is searched: on a GPU by `ExactSearch`, on the CPU by faiss (or by
+    `ExactSearch` where faiss is not installed)."""
+
+    def __init__(self, index_dir: str | Path, version: int | None = None, device: str | None = None):
         self.index_dir = Path(index_dir)
         version = version if version is not None else current_version(self.index_dir)
         if version is None:
             raise MipsIndexError(f"{self.index_dir}: no published index (no {CURRENT}); build one with `realm index build`")
         folder = self.index_dir / VERSIONS / f"v{version:06d}"
+        self.folder = folder
         try:
             self.meta = IndexMeta(**json.loads((folder / "meta.json").read_text()))
-            self.index = faiss.read_index(str(folder / "index.faiss"))
             self.block_ids = np.load(folder / "block_ids.npy")
-        except (FileNotFoundError, json.JSONDecodeError, TypeError, RuntimeError) as err:
+            self.index = self._open_search(folder, device)
+        except (FileNotFoundError, json.JSONDecodeError, TypeError, RuntimeError, ValueError) as err:
             raise MipsIndexError(f"{folder}: unreadable index version: {err}") from err
         if self.index.ntotal != self.meta.num_vectors or len(self.block_ids) != self.meta.num_vectors:
             raise MipsIndexError(f"{folder}: {self.index.ntotal} vectors, metadata says {self.meta.num_vectors}")
-        configure_search(self.index, self.meta.backend, self.meta.params)
-        self.folder = folder
+
+    def _open_search(self, folder: Path, device: str | None):
+        """ExactSearch for a flat index on a GPU or without faiss (or without index.faiss); else faiss."""
+        faiss = _faiss()
+        if self.meta.backend == "flat":
+            if device is None:
+                import torch
+
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            if device != "cpu" or faiss is None or not (folder / "index.faiss").exists():
+                return ExactSearch(self.embeddings(), device)
+        if faiss is None:
+            raise MipsIndexError(f"the {self.meta.backend} backend needs faiss (pip install faiss-cpu)")
+        index = faiss.read_index(str(folder / "index.faiss"))
+        configure_search(index, self.meta.backend, self.meta.params)
+        return index
 
     @property
     def version(self) -> int:

@@ -79,7 +79,8 @@ class SpanReader(nn.Module):
         folder = minilm_dir() if spec == MINILM else Path(spec)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"unknown reader {spec!r}: expected 'minilm', a saved QA reader or a BERT folder")
-        bert = BertModel.from_pretrained(str(folder), add_pooling_layer=False, attn_implementation="sdpa")
+        bert = BertModel.from_pretrained(str(folder), add_pooling_layer=False, attn_implementation="sdpa",
+                                         dtype=torch.float32)  # fp32 master weights, as for the towers
         if (folder / READER_META).is_file():
             meta = json.loads((folder / READER_META).read_text())
             span_hidden, max_span_width = meta["span_hidden"], meta["max_span_width"]

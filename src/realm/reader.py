@@ -43,7 +43,8 @@ class Reader(nn.Module):
         folder = minilm_dir() if spec == MINILM else Path(spec)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"unknown reader {spec!r}: expected 'minilm', 'random' or a BERT folder")
-        mlm = BertForMaskedLM.from_pretrained(str(folder), attn_implementation="sdpa", tie_word_embeddings=True)
+        mlm = BertForMaskedLM.from_pretrained(str(folder), attn_implementation="sdpa", tie_word_embeddings=True,
+                                              dtype=torch.float32)  # fp32 master weights, as for the towers
         return cls(mlm, load_tokenizer(folder))
 
     def save(self, folder: str | Path) -> None:

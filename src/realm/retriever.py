@@ -93,10 +93,12 @@ class Tower(nn.Module):
 
 
 def _bert_from(folder: Path) -> BertModel:
-    return BertModel.from_pretrained(str(folder), add_pooling_layer=False, attn_implementation="sdpa")
+    # fp32 weights whatever the file holds (transformers 5 keeps a half-precision file's dtype): training
+    # needs fp32 master weights, and bf16 compute comes from autocast.
+    return BertModel.from_pretrained(str(folder), add_pooling_layer=False, attn_implementation="sdpa", dtype=torch.float32)
 
 
-def _random_bert(shape: EncoderShape, vocab_size: int, seed: int) -> BertModel:
+def random_bert(shape: EncoderShape, vocab_size: int, seed: int) -> BertModel:
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=vocab_size,
@@ -144,7 +146,7 @@ class Retriever(nn.Module):
             return cls.warm_start(_bert_from(folder), load_tokenizer(folder), config)
         if spec == "random":
             tokenizer = load_tokenizer(minilm_dir())
-            return cls.warm_start(_random_bert(config.shape, len(tokenizer), WARM_START_SEED), tokenizer, config)
+            return cls.warm_start(random_bert(config.shape, len(tokenizer), WARM_START_SEED), tokenizer, config)
         folder = Path(spec)
         if (folder / "retriever" / CHECKPOINT_META).is_file():  # a `train pretrain` / `train qa` output
             folder = folder / "retriever"
@@ -198,8 +200,11 @@ class Retriever(nn.Module):
 
     @torch.inference_mode()
     def embed_queries(self, queries: list[str], batch_size: int = 128) -> torch.Tensor:
-        """(Q, D) float32 query embeddings."""
+        """(Q, D) float32 query embeddings, on the CPU (the tower may sit on a GPU)."""
         self.query_tower.eval()
-        parts = [self.query_tower(**self.encode_queries(queries[i : i + batch_size])).float()
-                 for i in range(0, len(queries), batch_size)]
+        device = next(self.query_tower.parameters()).device
+        parts = []
+        for start in range(0, len(queries), batch_size):
+            inputs = self.encode_queries(queries[start : start + batch_size])
+            parts.append(self.query_tower(**{k: v.to(device) for k, v in inputs.items()}).float().cpu())
         return torch.cat(parts) if parts else torch.empty(0, self.config.proj_dim)

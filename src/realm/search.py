@@ -9,7 +9,6 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-import bm25s
 import numpy as np
 
 from realm.corpus import BlockStore
@@ -72,6 +71,8 @@ class BM25Searcher:
     knowledge, without removed documents, when `store` comes from `MipsIndex.corpus()`)."""
 
     def __init__(self, store: BlockStore):
+        import bm25s  # only BM25 needs it (a GPU image may not have it)
+
         self.store = store
         self.ids = store.live_ids  # BM25 row -> block id
         titles, bodies = store.slice(0, len(store))
@@ -82,6 +83,8 @@ class BM25Searcher:
 
     def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
         k = min(k, len(self.ids))
+        import bm25s
+
         tokens = bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
         rows, scores = self.model.retrieve(tokens, k=k, show_progress=False, n_threads=0)
         ids = np.where(scores > 0, self.ids[rows], -1)  # a block sharing no term with the query is not a hit

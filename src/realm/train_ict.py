@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from transformers import PreTrainedTokenizerBase
 
-from realm.config import Preset
+from realm.config import CorpusConfig, Preset
 from realm.corpus import BlockStore, sentence_starts
 from realm.embed import default_device, encode_blocks, pad_batch, resolve_compute_dtype
 from realm.retriever import Retriever
@@ -53,6 +54,17 @@ def ict_pair(body: str, rng: np.random.Generator, remove_prob: float) -> tuple[s
     query = body[start:end].strip()
     context = (body[:start] + body[end:]).strip() if rng.random() < remove_prob else body
     return query, context
+
+
+def make_ict_batch(tokenizer: PreTrainedTokenizerBase, titles: list[str], bodies: list[str],
+                   rngs: list[np.random.Generator], remove_prob: float, query_max_tokens: int,
+                   corpus_config: CorpusConfig) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Pseudo-queries (B, Lq) and their contexts (B, Ld) for B blocks of at least two sentences."""
+    pairs = [ict_pair(body, rng, remove_prob) for body, rng in zip(bodies, rngs)]
+    query = dict(tokenizer([q for q, _ in pairs], padding=True, truncation=True, max_length=query_max_tokens,
+                           return_tensors="pt"))
+    ids, types = encode_blocks(tokenizer, titles, [c for _, c in pairs], corpus_config)
+    return query, pad_batch(ids, types, tokenizer.pad_token_id)
 
 
 class ICTModel(nn.Module):
@@ -103,12 +115,9 @@ def train_ict(corpus: Path, out: Path, model_spec: str, preset: Preset, resume: 
         epoch = position.epoch
         indices, position = order.take(position, cfg.batch_size)
         local = indices[d.rank :: d.world_size]
-        pairs = [ict_pair(bodies[usable[i]], example_rng(cfg.seed, epoch, int(i)), cfg.remove_sentence_prob)
-                 for i in local]
-        query = dict(tokenizer([q for q, _ in pairs], padding=True, truncation=True,
-                               max_length=preset.retriever.query_max_tokens, return_tensors="pt"))
-        ids, types = encode_blocks(tokenizer, [titles[usable[i]] for i in local], [c for _, c in pairs], store.config)
-        docs = pad_batch(ids, types, tokenizer.pad_token_id)
+        query, docs = make_ict_batch(tokenizer, [titles[usable[i]] for i in local], [bodies[usable[i]] for i in local],
+                                     [example_rng(cfg.seed, epoch, int(i)) for i in local], cfg.remove_sentence_prob,
+                                     preset.retriever.query_max_tokens, store.config)
         with autocast(dtype, device):
             loss, accuracy = trained({k: v.to(device) for k, v in query.items()}, {k: v.to(device) for k, v in docs.items()})
         loss.backward()

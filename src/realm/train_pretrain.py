@@ -20,13 +20,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from realm.config import Preset
+from realm.config import Preset, PretrainConfig
 from realm.corpus import BlockStore
 from realm.embed import default_device, resolve_compute_dtype
 from realm.index import MipsIndex, current_version
 from realm.pretrain_data import SentenceSet, build_sentences, mask_sentence
 from realm.reader import Reader
-from realm.realm_model import RealmModel, make_batch, pad_queries, retrieve
+from realm.realm_model import RealmBatch, RealmModel, make_batch, pad_queries, retrieve
 from realm.refresh import STOP_FILE, RefreshPolicy, build_from_retriever, save_snapshot
 from realm.retriever import Retriever
 from realm.training import (
@@ -59,6 +59,23 @@ def start_builder(out: Path, corpus: Path, preset: Preset, policy: RefreshPolicy
     return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)
 
 
+def make_pretrain_batch(model: RealmModel, index: MipsIndex | None, sentences: SentenceSet, rows: np.ndarray,
+                        epoch: int, cfg: PretrainConfig, query_max_tokens: int, store: BlockStore,
+                        block_doc_ids: np.ndarray, device: torch.device, dtype: torch.dtype) -> RealmBatch:
+    """Mask the sentences `rows`, retrieve their candidates from `index` with the current query tower (none
+    without an index: the null document alone), and assemble the reader inputs, on `device`."""
+    tokenizer = model.retriever.tokenizer
+    queries = [mask_sentence(sentences.texts[i], sentences.spans[i], cfg.masking, tokenizer, query_max_tokens,
+                             cfg.max_masks, example_rng(cfg.seed, epoch, int(i))) for i in rows]
+    retrieved = np.empty((len(rows), 0), dtype=np.int64)
+    if index is not None:
+        query, *_ = pad_queries(queries, tokenizer.pad_token_id)
+        with autocast(dtype, device):
+            retrieved = retrieve(model, index, {k: v.to(device) for k, v in query.items()}, block_doc_ids,
+                                 [sentences.doc_ids[i] for i in rows], cfg.num_candidates - 1)
+    return make_batch(queries, retrieved, store, tokenizer, store.config).to(device)
+
+
 def _mean_over_ranks(values: dict[str, float], d: Dist) -> dict[str, float]:
     if d.world_size == 1:
         return values
@@ -88,7 +105,6 @@ def train_pretrain(corpus: Path, out: Path, retriever_spec: str, reader_spec: st
 
     model = RealmModel(Retriever.load(retriever_spec, preset.retriever), Reader.load(reader_spec, preset.retriever.shape))
     model.to(device).train()
-    tokenizer = model.retriever.tokenizer
     # The decoder is tied to the word embeddings (trained at the base rate); the transform and bias are fresh.
     # Until the head predicts something, the retrieval gradient is noise that Adam would turn into full-size
     # steps on the towers (this collapsed the retriever on the cpu preset), so the towers may start later.
@@ -126,16 +142,9 @@ def train_pretrain(corpus: Path, out: Path, retriever_spec: str, reader_spec: st
             epoch = position.epoch
             indices, position = order.take(position, cfg.batch_size)
             local = indices[d.rank :: d.world_size]
-            queries = [mask_sentence(sentences.texts[i], sentences.spans[i], cfg.masking, tokenizer,
-                                     preset.retriever.query_max_tokens, cfg.max_masks,
-                                     example_rng(cfg.seed, epoch, int(i))) for i in local]
-            query, *_ = pad_queries(queries, tokenizer.pad_token_id)
+            batch = make_pretrain_batch(model, index, sentences, local, epoch, cfg, preset.retriever.query_max_tokens,
+                                        store, block_doc_ids, device, dtype)
             with autocast(dtype, device):
-                retrieved = np.empty((len(local), 0), dtype=np.int64)
-                if retrieval:
-                    retrieved = retrieve(model, index, {k: v.to(device) for k, v in query.items()}, block_doc_ids,
-                                         [sentences.doc_ids[i] for i in local], cfg.num_candidates - 1)
-                batch = make_batch(queries, retrieved, store, tokenizer, store.config).to(device)
                 loss, stats = trained(batch)
             loss.backward()
             optimizer_step(model, optimizer, scheduler)

@@ -60,8 +60,9 @@ def make_qa_batch(model: QAModel, examples: Sequence[QAExample], index: MipsInde
     """Retrieve the beam with the current query tower (no gradient here) and label answers and spans."""
     questions = [e.question for e in examples]
     query = model.retriever.encode_queries(questions)
+    device = next(model.parameters()).device
     with torch.no_grad():
-        vectors = model.retriever.query_tower(**query).float().cpu().numpy()
+        vectors = model.retriever.query_tower(**{k: v.to(device) for k, v in query.items()}).float().cpu().numpy()
     _, ids = index.search(vectors, max(beam, k))  # (B, R), best first
     valid = ids >= 0
     unique = np.unique(ids[valid])

@@ -151,13 +151,16 @@ def autocast(dtype: torch.dtype, device: torch.device):
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
-def _rng_states(d: Dist) -> list[torch.Tensor]:
-    state = torch.get_rng_state()
-    if d.world_size == 1:
-        return [state]
-    states: list = [None] * d.world_size
-    dist.all_gather_object(states, state)
-    return states
+def _rng_states(d: Dist) -> dict[str, torch.Tensor]:
+    """Every rank's CPU RNG state and, on a GPU, its CUDA RNG state (dropout draws from the device's generator)."""
+    state = {"": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda_"] = torch.cuda.get_rng_state()
+    states: list = [state]
+    if d.world_size > 1:
+        states = [None] * d.world_size
+        dist.all_gather_object(states, state)
+    return {f"{kind}rank{r}": tensor for r, rank_state in enumerate(states) for kind, tensor in rank_state.items()}
 
 
 def save_checkpoint(out_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -170,7 +173,7 @@ def save_checkpoint(out_dir: Path, step: int, model: nn.Module, optimizer: torch
     def write(tmp: Path) -> None:
         save_model(model, str(tmp / "model.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")  # tensors and plain types only: weights_only loads it
-        save_file({f"rank{r}": s for r, s in enumerate(rng)}, tmp / "rng.safetensors")
+        save_file(rng, tmp / "rng.safetensors")
         state = {"step": step, "epoch": position.epoch, "offset": position.offset, "world_size": d.world_size,
                  "scheduler": scheduler.state_dict(), "time": time.time(), **(extra or {})}
         (tmp / "trainer.json").write_text(json.dumps(state, indent=2) + "\n")
@@ -198,6 +201,9 @@ def load_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optim
     scheduler.load_state_dict(state["scheduler"])
     rng = load_file(folder / "rng.safetensors")
     torch.set_rng_state(rng.get(f"rank{d.rank}", rng["rank0"]))
+    cuda_state = rng.get(f"cuda_rank{d.rank}", rng.get("cuda_rank0"))
+    if cuda_state is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda_state)
     return state["step"], DataPosition(state["epoch"], state["offset"]), state
 
 

@@ -1,0 +1,255 @@
+"""Steps/s, tokens/s and model FLOP utilisation of each trainer's step, and re-embedding blocks/s.
+
+For ICT, REALM (retrieval from an index, 1 null + K-1 candidates) and open-QA fine-tuning, a step is timed
+as the recipe runs it: batch construction (tokenising, masking, MIPS search, answer labelling) with the
+recipe's own functions, then forward, backward and the optimiser step under bf16 autocast. FLOPs are
+counted by `torch.utils.flop_counter.FlopCounterMode` over one forward + backward (matmuls and attention;
+the optimiser and elementwise work are not counted), so MFU = counted FLOPs / step time / peak, where the
+peak is a bf16 matmul measured in the same run (the device's practical limit). Re-embedding uses the
+index builder's `BlockEmbedder` over real blocks of the corpus.
+
+    # paper shapes (BERT-base, 288-wordpiece blocks, 96-wordpiece queries), random weights, on a GPU
+    python benchmarks/train_throughput.py --corpus data/paper_corpus --preset paper --model random \\
+        --qa ../shared/data/qa/squad_open_train.jsonl --ict-batch 256 --realm-batch 32 --qa-batch 16
+    # cpu-preset shapes (MiniLM), real weights, larger batches
+    python benchmarks/train_throughput.py --corpus data/dev/corpus --preset cpu --model minilm \\
+        --qa ../shared/data/qa/squad_open_train.jsonl --ict-batch 512 --realm-batch 64 --candidates 8 --qa-batch 32
+
+Sentences are split without the salient-span tagger (spaCy may be absent), so `salient` masking falls back
+to random spans; that changes which tokens are masked, not the step's cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from realm.config import get_preset
+from realm.corpus import BlockStore, sentence_starts
+from realm.embed import BlockEmbedder, default_device, resolve_compute_dtype
+from realm.evaluation import load_qa
+from realm.index import MipsIndex, build_index
+from realm.pretrain_data import split_sentences
+from realm.qa import QAModel, SpanReader
+from realm.reader import Reader
+from realm.realm_model import RealmModel
+from realm.retriever import Retriever, random_bert
+from realm.train_ict import ICTModel, make_ict_batch
+from realm.train_pretrain import make_pretrain_batch
+from realm.train_qa import make_qa_batch
+from realm.training import autocast, bert_optimizer, example_rng, linear_schedule, optimizer_step
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_peak(device: torch.device) -> float:
+    """FLOP/s of a square bf16 matmul (8192 on a GPU, 2048 on a CPU): the practical limit of this device."""
+    n, repeats = (8192, 20) if device.type == "cuda" else (2048, 5)
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    synchronize(device)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    synchronize(device)
+    return 2 * n**3 * repeats / (time.perf_counter() - started)
+
+
+def tokens(*inputs: dict[str, torch.Tensor]) -> int:
+    """Non-padding tokens over every sequence the model reads in a step."""
+    return int(sum(int(x["attention_mask"].sum()) for x in inputs))
+
+
+def measure(name: str, model: torch.nn.Module, make: Callable[[int], tuple[object, int]],
+            loss_of: Callable[[object], torch.Tensor], lr: float, device: torch.device, dtype: torch.dtype,
+            warmup: int, steps: int, peak: float, extra: dict) -> dict:
+    """Time `steps` full steps (batch construction + forward/backward/optimiser) after `warmup` untimed ones."""
+    optimizer = bert_optimizer(model, lr)
+    scheduler = linear_schedule(optimizer, 10, 10_000)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+    def train(batch) -> None:
+        with autocast(dtype, device):
+            loss = loss_of(batch)
+        loss.backward()
+        optimizer_step(model, optimizer, scheduler)
+
+    data_s, compute_s, token_counts = [], [], []
+    for step in range(warmup + steps):
+        synchronize(device)
+        started = time.perf_counter()
+        batch, n_tokens = make(step)
+        synchronize(device)
+        built = time.perf_counter()
+        train(batch)
+        synchronize(device)
+        if step >= warmup:
+            data_s.append(built - started)
+            compute_s.append(time.perf_counter() - built)
+            token_counts.append(n_tokens)
+    batch, _ = make(warmup + steps)
+    with FlopCounterMode(display=False) as counter:
+        with autocast(dtype, device):
+            loss = loss_of(batch)
+        loss.backward()
+    optimizer.zero_grad(set_to_none=True)
+    step_s = statistics.median(d + c for d, c in zip(data_s, compute_s))
+    flops = counter.get_total_flops()
+    result = {
+        "trainer": name, **extra, "steps_per_s": round(1 / step_s, 3), "step_s": round(step_s, 4),
+        "data_s": round(statistics.median(data_s), 4), "compute_s": round(statistics.median(compute_s), 4),
+        "tokens_per_s": round(statistics.mean(token_counts) / step_s),
+        "tflop_per_step": round(flops / 1e12, 3), "tflop_per_s": round(flops / step_s / 1e12, 2),
+        "mfu": round(flops / step_s / peak, 4), "mfu_compute_only": round(flops / statistics.median(compute_s) / peak, 4),
+    }
+    if device.type == "cuda":
+        result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", required=True, help="corpus folder (its block budget sets the block length)")
+    parser.add_argument("--qa", help="QA training questions (JSONL) for the QA step; omitted: no QA row")
+    parser.add_argument("--preset", default="cpu")
+    parser.add_argument("--model", default="minilm", help="minilm (real weights) or random (the preset's BERT shape)")
+    parser.add_argument("--trainers", default="embed,ict,realm,qa")
+    parser.add_argument("--ict-batch", type=int)
+    parser.add_argument("--realm-batch", type=int)
+    parser.add_argument("--candidates", type=int, help="REALM candidates incl. the null document (default: preset)")
+    parser.add_argument("--qa-batch", type=int)
+    parser.add_argument("--embed-batch", type=int, help="blocks per embedding batch (default: preset)")
+    parser.add_argument("--embed-blocks", type=int, default=0, help="blocks to embed (0: the whole corpus)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+
+    preset = get_preset(args.preset)
+    embed_config = dataclasses.replace(preset.embed, **({"batch_size": args.embed_batch} if args.embed_batch else {}))
+    device = default_device()
+    dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
+    torch.manual_seed(0)
+    store = BlockStore(args.corpus)
+    peak = matmul_peak(device)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    header = {"device": name, "torch": torch.__version__, "preset": preset.name, "model": args.model,
+              "compute_dtype": str(dtype), "bf16_matmul_tflops": round(peak / 1e12, 1), "blocks": len(store),
+              "max_block_tokens": store.config.max_block_tokens}
+    print(json.dumps(header), flush=True)
+    results: list[dict] = []
+    trainers = args.trainers.split(",")
+
+    retriever = Retriever.load(args.model, preset.retriever).to(device)
+    tokenizer = retriever.tokenizer
+    with tempfile.TemporaryDirectory() as tmp:
+        # Re-embedding (the index builder's work), which also gives the REALM and QA steps their index.
+        count = args.embed_blocks or len(store)
+        part = BlockStore(args.corpus)
+        titles, bodies = part.slice(0, count)
+        embedder = BlockEmbedder(retriever.doc_tower, tokenizer, store.config, embed_config, device)
+        embedder.embed(titles[: embed_config.batch_size * 2], bodies[: embed_config.batch_size * 2])  # warm-up
+        synchronize(device)
+        with FlopCounterMode(display=False) as counter:
+            embedder.embed(titles[:512], bodies[:512])
+        flops_per_block = counter.get_total_flops() / min(512, count)
+        started = time.perf_counter()
+        embedder.embed(titles, bodies)
+        synchronize(device)
+        seconds = time.perf_counter() - started
+        if "embed" in trainers:
+            row = {"trainer": "embed", "blocks": count, "batch": embed_config.batch_size,
+                   "blocks_per_s": round(count / seconds, 1), "tflop_per_s": round(flops_per_block * count / seconds / 1e12, 2),
+                   "mfu": round(flops_per_block * count / seconds / peak, 4)}
+            print(json.dumps(row), flush=True)
+            results.append(row)
+        index = None
+        if "realm" in trainers or "qa" in trainers:
+            build_index(store, embedder, retriever.doc_fingerprint(), Path(tmp) / "index", embed_config, preset.index,
+                        preset.retriever, progress=False)
+            index = MipsIndex(Path(tmp) / "index", device=device.type)
+        del embedder
+
+        if "ict" in trainers:
+            cfg = dataclasses.replace(preset.ict, **({"batch_size": args.ict_batch} if args.ict_batch else {}))
+            titles, bodies = store.slice(0, len(store))
+            usable = [i for i, body in enumerate(bodies) if len(sentence_starts(body)) >= 2]
+            model = ICTModel(retriever).train()
+
+            def make_ict(step: int):
+                rows = [usable[(step * cfg.batch_size + j) % len(usable)] for j in range(cfg.batch_size)]
+                query, docs = make_ict_batch(tokenizer, [titles[i] for i in rows], [bodies[i] for i in rows],
+                                             [example_rng(0, 0, i) for i in rows], cfg.remove_sentence_prob,
+                                             preset.retriever.query_max_tokens, store.config)
+                return ({k: v.to(device) for k, v in query.items()}, {k: v.to(device) for k, v in docs.items()}), \
+                    tokens(query, docs)
+
+            results.append(measure("ict", model, make_ict, lambda b: model(*b)[0], cfg.lr, device, dtype,
+                                   args.warmup, args.steps, peak, {"batch": cfg.batch_size}))
+            del model
+
+        if "realm" in trainers:
+            cfg = preset.pretrain
+            cfg = dataclasses.replace(cfg, masking="random-span", **({"batch_size": args.realm_batch} if args.realm_batch else {}),
+                                      **({"num_candidates": args.candidates} if args.candidates else {}))
+            doc_ids, texts = split_sentences(store)
+            sentences = SimpleNamespace(texts=texts, spans=[[]] * len(texts), doc_ids=doc_ids)
+            block_doc_ids = np.array(store.column("doc_id"), dtype=object)
+            reader = Reader.load("random", preset.retriever.shape) if args.model == "random" else Reader.load(args.model)
+            model = RealmModel(retriever, reader).to(device).train()
+            order = np.random.default_rng(0).permutation(len(texts))
+
+            def make_realm(step: int):
+                rows = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]
+                batch = make_pretrain_batch(model, index, sentences, rows, 0, cfg, preset.retriever.query_max_tokens,
+                                            store, block_doc_ids, device, dtype)
+                return batch, tokens(batch.query, batch.docs, batch.reader)
+
+            results.append(measure("realm", model, make_realm, lambda b: model(b)[0], cfg.lr, device, dtype,
+                                   args.warmup, args.steps, peak,
+                                   {"batch": cfg.batch_size, "candidates": cfg.num_candidates}))
+            del model, reader
+
+        if "qa" in trainers and args.qa:
+            cfg = dataclasses.replace(preset.qa, **({"batch_size": args.qa_batch} if args.qa_batch else {}))
+            examples = load_qa(args.qa)
+            if args.model == "random":
+                span_reader = SpanReader(random_bert(preset.retriever.shape, len(tokenizer), 0), tokenizer,
+                                         cfg.span_hidden, cfg.max_span_width)
+            else:
+                span_reader = SpanReader.load(args.model, cfg.span_hidden, cfg.max_span_width)
+            model = QAModel(retriever, span_reader).to(device).train()
+            k = min(cfg.top_k, len(index.block_ids))
+
+            def make_qa(step: int):
+                part = [examples[(step * cfg.batch_size + j) % len(examples)] for j in range(cfg.batch_size)]
+                batch = make_qa_batch(model, part, index, store, k, cfg.beam).to(device)
+                return batch, tokens(batch.query, batch.reader.inputs)
+
+            results.append(measure("qa", model, make_qa, lambda b: model(b)[0], cfg.lr, device, dtype,
+                                   args.warmup, args.steps, peak,
+                                   {"batch": cfg.batch_size, "top_k": k, "beam": cfg.beam}))
+    if args.json:
+        Path(args.json).write_text(json.dumps({**header, "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
