@@ -23,12 +23,12 @@ import numpy as np
 import torch
 from transformers import BertModel
 
+from realm.common.tokenization import minilm_dir
 from realm.config import CorpusConfig, EmbedConfig, RetrieverConfig
-from realm.corpus import BlockSplitter
-from realm.embed import BlockEmbedder
-from realm.retriever import Retriever, Tower
-from realm.sources import Document
-from realm.tokenization import minilm_dir
+from realm.data.blocks import BlockSplitter
+from realm.data.sources import Document
+from realm.index.embed import BlockEmbedder
+from realm.models.retriever import Retriever, Tower
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus"
 MAX_TOKENS = 288

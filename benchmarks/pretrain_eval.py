@@ -18,13 +18,13 @@ import argparse
 from pathlib import Path
 
 from realm.config import get_preset
-from realm.corpus import BlockStore
-from realm.index import MipsIndex
-from realm.mlm_eval import masked_span_accuracy
-from realm.pretrain_data import SentenceSet, build_sentences
-from realm.reader import Reader
-from realm.realm_model import RealmModel
-from realm.retriever import Retriever
+from realm.data.blocks import BlockStore
+from realm.data.sentences import SentenceSet, build_sentences
+from realm.eval.mlm import masked_span_accuracy
+from realm.index.mips import MipsIndex
+from realm.models.mlm_reader import Reader
+from realm.models.realm import RealmModel
+from realm.models.retriever import Retriever
 
 
 def main() -> None:

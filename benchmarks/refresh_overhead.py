@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 from realm.config import get_preset
-from realm.index import MipsIndex
-from realm.train_pretrain import train_pretrain
+from realm.index.mips import MipsIndex
+from realm.recipes.pretrain import train_pretrain
 
 
 def steps_per_second(run: Path, skip: int) -> tuple[float, int]:

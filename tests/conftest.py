@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from realm.common.tokenization import load_tokenizer, minilm_dir
 from realm.config import CorpusConfig, EmbedConfig, EncoderShape, IndexConfig, Preset, QAConfig, RetrieverConfig
-from realm.tokenization import load_tokenizer, minilm_dir
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TINY_SHAPE = EncoderShape(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
@@ -55,7 +55,7 @@ def docs_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def tiny_corpus(tmp_path: Path, docs_file: Path, tokenizer):
-    from realm.corpus import BlockStore, build_corpus
+    from realm.data.blocks import BlockStore, build_corpus
 
     build_corpus([str(docs_file)], tmp_path / "corpus", tokenizer, TINY_CORPUS, progress=False)
     return BlockStore(tmp_path / "corpus")
@@ -63,7 +63,7 @@ def tiny_corpus(tmp_path: Path, docs_file: Path, tokenizer):
 
 @pytest.fixture(scope="session")
 def tiny_retriever():
-    from realm.retriever import Retriever
+    from realm.models.retriever import Retriever
 
     return Retriever.load("random", TINY_RETRIEVER)
 
@@ -76,8 +76,8 @@ def tiny_index_config(**changes) -> IndexConfig:
 
 def build_tiny_index(store, retriever, index_dir: Path, **index_changes):
     """Embed `store` with `retriever`'s document tower and publish an index version (the tiny embed settings)."""
-    from realm.embed import BlockEmbedder
-    from realm.index import build_index
+    from realm.index.embed import BlockEmbedder
+    from realm.index.mips import build_index
 
     embedder = BlockEmbedder(retriever.doc_tower, retriever.tokenizer, store.config, TINY_EMBED)
     return build_index(store, embedder, retriever.doc_fingerprint(), index_dir, TINY_EMBED,
@@ -87,9 +87,10 @@ def build_tiny_index(store, retriever, index_dir: Path, **index_changes):
 @pytest.fixture
 def tiny_qa(tmp_path: Path, tiny_corpus, tokenizer) -> tuple[Path, Path]:
     """A tiny random QA model saved to disk and the index its document tower built: (model dir, index dir)."""
-    from realm.qa import QAModel, SpanReader
-    from realm.refresh import build_from_retriever
-    from realm.retriever import Retriever, random_bert
+    from realm.index.refresh import build_from_retriever
+    from realm.models.orqa import QAModel
+    from realm.models.retriever import Retriever, random_bert
+    from realm.models.span_reader import SpanReader
 
     retriever = Retriever.load("random", TINY_QA_PRESET.retriever)
     build_from_retriever(retriever, tiny_corpus, tmp_path / "index", TINY_EMBED, IndexConfig(), 0, 0.0)
@@ -101,7 +102,7 @@ def tiny_qa(tmp_path: Path, tiny_corpus, tokenizer) -> tuple[Path, Path]:
 @pytest.fixture
 def qa_service(tiny_qa):
     """The HTTP service's state over the tiny QA model and its index (dense retrieval, k = TINY_QA.top_k)."""
-    from realm.service import QAService
+    from realm.serve.service import QAService
 
     model_dir, index_dir = tiny_qa
     return QAService.load(str(model_dir), index_dir, TINY_QA_PRESET)

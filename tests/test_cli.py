@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_DATA
 
-from realm.cli import main
-from realm.sources import BadRecords, read_documents
+from realm.cli.main import main
+from realm.data.sources import BadRecords, read_documents
 
 
 @pytest.fixture(scope="module")

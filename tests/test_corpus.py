@@ -12,8 +12,8 @@ import pytest
 from conftest import DOCS, SHARED_DATA, TINY_CORPUS
 
 from realm.config import CorpusConfig
-from realm.corpus import BlockSplitter, BlockStore, build_corpus
-from realm.sources import BadRecords, CorpusError, Document, read_documents
+from realm.data.blocks import BlockSplitter, BlockStore, build_corpus
+from realm.data.sources import BadRecords, CorpusError, Document, read_documents
 
 
 def _nonspace(text: str) -> str:

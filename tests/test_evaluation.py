@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import SHARED_DATA
 
-from realm.evaluation import QAExample, has_answer, is_exact_match, load_qa, normalize_answer, recall_at_k
-from realm.search import SearchHit
+from realm.data.qa_examples import QAExample, has_answer, is_exact_match, load_qa, normalize_answer
+from realm.eval.retrieval import recall_at_k
+from realm.index.search import SearchHit
 
 
 @pytest.mark.parametrize(

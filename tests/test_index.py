@@ -13,10 +13,19 @@ from conftest import TINY_EMBED, TINY_RETRIEVER
 from conftest import build_tiny_index as _build
 
 from realm.config import IndexConfig
-from realm.embed import BlockEmbedder
-from realm.index import BUILDING, CURRENT, ExactSearch, MipsIndex, MipsIndexError, build_faiss, current_version, publish
-from realm.retriever import Retriever
-from realm.search import BM25Searcher, DenseSearcher, SearchHit
+from realm.index.embed import BlockEmbedder
+from realm.index.mips import (
+    BUILDING,
+    CURRENT,
+    ExactSearch,
+    MipsIndex,
+    MipsIndexError,
+    build_faiss,
+    current_version,
+    publish,
+)
+from realm.index.search import BM25Searcher, DenseSearcher, SearchHit
+from realm.models.retriever import Retriever
 
 
 def test_build_search_and_reopen(tmp_path, tiny_corpus, tiny_retriever):
@@ -65,7 +74,7 @@ def test_query_tower_change_is_accepted(tmp_path, tiny_corpus):
 
 
 def test_changed_corpus_is_refused(tmp_path, tiny_corpus, tiny_retriever, docs_file, tokenizer):
-    from realm.corpus import build_corpus
+    from realm.data.blocks import build_corpus
 
     _build(tiny_corpus, tiny_retriever, tmp_path / "index")
     with open(docs_file, "a") as handle:
@@ -224,6 +233,7 @@ def test_gpu_side_modules_import_without_faiss_bm25s_or_spacy():
     """The GPU image has torch and transformers but not faiss, bm25s or spaCy: training, evaluation and the CLI
     must import there (BM25, approximate backends and salient-span tagging name what is missing when used)."""
     code = ("import sys\nfor name in ('faiss', 'bm25s', 'spacy'):\n    sys.modules[name] = None\n"
-            "import realm.cli, realm.index, realm.search, realm.qa, realm.refresh, realm.pipeline\n"
-            "import realm.train_ict, realm.train_pretrain, realm.train_qa, realm.mlm_eval, realm.pretrain_data\n")
+            "import realm.cli.main, realm.index.mips, realm.index.search, realm.index.refresh, realm.eval.answerer\n"
+            "import realm.eval.mlm, realm.eval.qa, realm.pipeline.run, realm.recipes.ict, realm.recipes.pretrain\n"
+            "import realm.recipes.finetune_qa, realm.data.sentences\n")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from conftest import DOCS, TINY_EMBED, TINY_RETRIEVER, build_tiny_index
 
-from realm.cli import main
-from realm.embed import BlockEmbedder
-from realm.index import ADDED, MipsIndex, MipsIndexError, current_version
-from realm.index_update import add_documents, remove_documents
-from realm.retriever import Retriever
-from realm.search import BM25Searcher, DenseSearcher
-from realm.sources import CorpusError
+from realm.cli.main import main
+from realm.data.sources import CorpusError
+from realm.index.embed import BlockEmbedder
+from realm.index.mips import ADDED, MipsIndex, MipsIndexError, current_version
+from realm.index.search import BM25Searcher, DenseSearcher
+from realm.index.update import add_documents, remove_documents
+from realm.models.retriever import Retriever
 
 EVEREST = {"id": "everest", "title": "Mount Everest", "text": "Mount Everest is Earth's highest mountain above sea "
            "level, in the Himalayas on the border of Nepal and China. Its summit is 8,849 metres high. Tenzing Norgay "
@@ -182,8 +182,10 @@ def test_cli_add_search_remove(tmp_path, docs_file, tiny_retriever, capsys):
 @pytest.mark.slow
 def test_minilm_answers_from_an_added_document_only_while_it_is_indexed(tmp_path, tiny_corpus):
     from realm.config import get_preset
-    from realm.evaluation import QAExample
-    from realm.qa import Answerer, QAModel, SpanReader
+    from realm.data.qa_examples import QAExample
+    from realm.eval.answerer import Answerer
+    from realm.models.orqa import QAModel
+    from realm.models.span_reader import SpanReader
 
     retriever = Retriever.load("minilm", get_preset("cpu").retriever)
     build_tiny_index(tiny_corpus, retriever, tmp_path / "index")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
 
-from realm.budget import Workload, plan_pipeline
 from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, get_preset
-from realm.pipeline import STAGES, Pipeline, PipelineOptions, Stages, describe_input
+from realm.pipeline.plan import Workload, plan_pipeline
+from realm.pipeline.run import STAGES, Pipeline, PipelineOptions, Stages, describe_input
 
 
 def test_budget_scales_every_training_stage_to_fit():

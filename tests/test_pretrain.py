@@ -15,11 +15,11 @@ import torch
 from conftest import TINY_CORPUS, TINY_EMBED, TINY_RETRIEVER, TINY_SHAPE
 
 from realm.config import IndexConfig, Preset, PretrainConfig
-from realm.index import MipsIndex, current_version
-from realm.pretrain_data import date_spans, mask_sentence, merge_spans
-from realm.realm_model import NULL_BLOCK, make_batch, marginal_mlm_loss, select_candidates
-from realm.refresh import RefreshPolicy, index_source_step, list_snapshots, refresh_loop, save_snapshot
-from realm.retriever import Retriever
+from realm.data.sentences import date_spans, mask_sentence, merge_spans
+from realm.index.mips import MipsIndex, current_version
+from realm.index.refresh import RefreshPolicy, index_source_step, list_snapshots, refresh_loop, save_snapshot
+from realm.models.realm import NULL_BLOCK, make_batch, marginal_mlm_loss, select_candidates
+from realm.models.retriever import Retriever
 from realm.training import DataOrder, DataPosition, bert_optimizer, linear_schedule
 
 NO_DROPOUT_SHAPE = dataclasses.replace(TINY_SHAPE, dropout=0.0)
@@ -53,8 +53,8 @@ def test_marginal_loss_equals_hand_computation():
 
 
 def test_gradient_reaches_both_towers_and_reader(tiny_corpus, tokenizer):
-    from realm.reader import Reader
-    from realm.realm_model import RealmModel
+    from realm.models.mlm_reader import Reader
+    from realm.models.realm import RealmModel
 
     model = RealmModel(Retriever.load("random", TINY_PRESET.retriever), Reader.load("random", NO_DROPOUT_SHAPE))
     query = mask_sentence("Paris is the capital of France.", [(0, 5)], "salient", tokenizer, 32, 5,
@@ -178,7 +178,7 @@ def _metrics(folder):
 
 @pytest.mark.slow
 def test_resume_after_crash_reproduces_the_same_batches(tmp_path, tiny_corpus, monkeypatch):
-    import realm.train_pretrain as recipe
+    import realm.recipes.pretrain as recipe
 
     recipe.train_pretrain(tiny_corpus.folder, tmp_path / "straight", "random", "random", TINY_PRESET, progress=False)
     straight = _metrics(tmp_path / "straight")
@@ -214,7 +214,7 @@ def _free_port() -> int:
 def _ddp_worker(rank: int, world_size: int, port: int, corpus: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size), RANK=str(rank))
     torch.set_num_threads(1)
-    from realm.train_pretrain import train_pretrain
+    from realm.recipes.pretrain import train_pretrain
 
     train_pretrain(corpus, out, "random", "random", TINY_PRESET, progress=False)
     torch.distributed.destroy_process_group()
@@ -224,7 +224,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, corpus: str, out: str) ->
 def test_two_process_ddp_matches_one_process(tmp_path, tiny_corpus):
     import torch.multiprocessing as mp
 
-    from realm.train_pretrain import train_pretrain
+    from realm.recipes.pretrain import train_pretrain
 
     train_pretrain(tiny_corpus.folder, tmp_path / "single", "random", "random", TINY_PRESET, progress=False)
     mp.spawn(_ddp_worker, args=(2, _free_port(), str(tiny_corpus.folder), str(tmp_path / "ddp")), nprocs=2)
@@ -236,7 +236,7 @@ def test_two_process_ddp_matches_one_process(tmp_path, tiny_corpus):
 
 def test_null_only_baseline_trains_without_an_index(tmp_path, tiny_corpus):
     """--num-candidates 1 is masked-LM with the null document alone: no index, no builder."""
-    from realm.train_pretrain import train_pretrain
+    from realm.recipes.pretrain import train_pretrain
 
     preset = dataclasses.replace(TINY_PRESET, pretrain=dataclasses.replace(TINY_PRESET.pretrain, num_candidates=1,
                                                                          steps=2, refresh_every=5))
@@ -251,7 +251,7 @@ def test_training_survives_a_dead_builder(tmp_path, tiny_corpus, monkeypatch):
     import subprocess
     import sys
 
-    import realm.train_pretrain as recipe
+    import realm.recipes.pretrain as recipe
 
     monkeypatch.setattr(recipe, "start_builder",
                         lambda *a: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]))
@@ -265,12 +265,12 @@ def test_training_survives_a_dead_builder(tmp_path, tiny_corpus, monkeypatch):
 
 
 def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
-    from realm.embed import BlockEmbedder
-    from realm.index import build_index
-    from realm.mlm_eval import masked_span_accuracy
-    from realm.pretrain_data import SentenceSet, build_sentences
-    from realm.reader import Reader
-    from realm.realm_model import RealmModel
+    from realm.data.sentences import SentenceSet, build_sentences
+    from realm.eval.mlm import masked_span_accuracy
+    from realm.index.embed import BlockEmbedder
+    from realm.index.mips import build_index
+    from realm.models.mlm_reader import Reader
+    from realm.models.realm import RealmModel
 
     model = RealmModel(Retriever.load("random", TINY_PRESET.retriever), Reader.load("random", NO_DROPOUT_SHAPE))
     embedder = BlockEmbedder(model.retriever.doc_tower, model.retriever.tokenizer, tiny_corpus.config, TINY_EMBED)
@@ -285,7 +285,7 @@ def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
 
 
 def test_ict_trains_both_towers_and_resumes(tmp_path, tiny_corpus):
-    from realm.train_ict import ict_pair, train_ict
+    from realm.recipes.ict import ict_pair, train_ict
 
     query, context = ict_pair("First sentence here. Second one follows. Third ends it.", np.random.default_rng(0), 1.0)
     assert query and query not in context  # removed from its context

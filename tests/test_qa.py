@@ -10,20 +10,14 @@ import pytest
 import torch
 from conftest import TINY_CORPUS, TINY_QA, TINY_QA_PRESET
 
-from realm.cli import main
-from realm.evaluation import QAExample, is_exact_match, normalize_answer
-from realm.qa import (
-    Answerer,
-    block_spans,
-    load_answerer,
-    marginal_answer_log_likelihood,
-    matching_spans,
-    qa_loss,
-    span_log_probs,
-)
-from realm.retriever import Retriever
-from realm.search import BM25Searcher, DenseSearcher
-from realm.train_qa import train_qa
+from realm.cli.main import main
+from realm.data.qa_examples import QAExample, is_exact_match, normalize_answer
+from realm.eval.answerer import Answerer, load_answerer
+from realm.index.search import BM25Searcher, DenseSearcher
+from realm.models.orqa import marginal_answer_log_likelihood, qa_loss
+from realm.models.retriever import Retriever
+from realm.models.span_reader import block_spans, matching_spans, span_log_probs
+from realm.recipes.finetune_qa import train_qa
 
 PRESET = TINY_QA_PRESET
 QUESTIONS = [QAExample("What is the capital of Japan?", ("Tokyo",)),
@@ -99,7 +93,7 @@ def test_fine_tuning_keeps_best_model_and_resumes_exactly(tmp_path, tiny_qa):
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and sum("dev_em" in r for r in rows) == 2
     assert all(math.isfinite(r["loss"]) for r in rows)
     # The document tower never changes: the fine-tuned model still opens the same index.
-    DenseSearcher(__import__("realm.index", fromlist=["MipsIndex"]).MipsIndex(index_dir),
+    DenseSearcher(__import__("realm.index.mips", fromlist=["MipsIndex"]).MipsIndex(index_dir),
                   Retriever.load(str(best / "retriever"), PRESET.retriever))
 
     crashed = tmp_path / "crashed"
@@ -133,7 +127,7 @@ def test_answers_come_with_consistent_evidence(tiny_qa, tiny_corpus):
 
 def test_eval_qa_and_ask_commands(tmp_path, tiny_qa, capsys, monkeypatch):
     model_dir, index_dir = tiny_qa
-    monkeypatch.setattr("realm.cli.get_preset", lambda name: PRESET)
+    monkeypatch.setattr("realm.cli.main.get_preset", lambda name: PRESET)
     qa_file = tmp_path / "qa.jsonl"
     qa_file.write_text("".join(json.dumps({"question": q.question, "answer": list(q.answers)}) + "\n"
                                for q in QUESTIONS[:5]))

@@ -12,8 +12,8 @@ from conftest import TINY_CORPUS, TINY_RETRIEVER
 from transformers import BertModel
 
 from realm.config import EmbedConfig
-from realm.embed import BlockEmbedder
-from realm.retriever import Retriever, pool
+from realm.index.embed import BlockEmbedder
+from realm.models.retriever import Retriever, pool
 
 
 def test_pool_mean_ignores_padding():

@@ -14,14 +14,14 @@ from conftest import TINY_EMBED, TINY_QA, TINY_QA_PRESET, serving
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from realm.cli import main
-from realm.evaluation import normalize_answer
+from realm.cli.main import main
 from realm.config import IndexConfig
-from realm.index import MipsIndex
-from realm.index_update import add_documents, remove_documents
-from realm.refresh import build_from_retriever
-from realm.retriever import Retriever
-from realm.service import MAX_K, MAX_QUESTION_CHARS, QAService, create_app
+from realm.data.qa_examples import normalize_answer
+from realm.index.mips import MipsIndex
+from realm.index.refresh import build_from_retriever
+from realm.index.update import add_documents, remove_documents
+from realm.models.retriever import Retriever
+from realm.serve.service import MAX_K, MAX_QUESTION_CHARS, QAService, create_app
 
 QUESTIONS = ["What is the capital of Japan?", "Where did Bach die?", "Who walked on the Moon in 1969?",
              "Into which sea does the Nile flow?", "What does the Louvre hold?", "When was Bach born?",
@@ -170,7 +170,7 @@ def test_a_version_it_cannot_serve_leaves_the_current_one_answering(tiny_qa, tin
 
 def test_serve_command_binds_to_this_machine_by_default(tiny_qa, tiny_corpus, monkeypatch):
     model_dir, index_dir = tiny_qa
-    monkeypatch.setattr("realm.cli.get_preset", lambda name: TINY_QA_PRESET)
+    monkeypatch.setattr("realm.cli.main.get_preset", lambda name: TINY_QA_PRESET)
     started = {}
     monkeypatch.setattr("uvicorn.run", lambda app, **kwargs: started.update(app=app, **kwargs))
     assert main(["serve", "--model", str(model_dir), "--index", str(index_dir), "--top-k", "2", "--quiet"]) == 0

@@ -17,9 +17,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
-from realm.index import MipsIndex
-from realm.index_update import add_documents
-from realm.service import MAX_K, create_app
+from realm.index.mips import MipsIndex
+from realm.index.update import add_documents
+from realm.serve.service import MAX_K, create_app
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]

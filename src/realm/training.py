@@ -23,7 +23,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 from tqdm import tqdm
 
-from realm.io import write_dir_atomic
+from realm.common.io import write_dir_atomic
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +143,6 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-
-
-def autocast(dtype: torch.dtype, device: torch.device):
-    """bf16 autocast where the embedder would use bf16 (CPUs with AVX-512-BF16/AMX, GPUs); else a no-op."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
 
 
 # -- checkpoints ----------------------------------------------------------------------------------

@@ -20,27 +20,21 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from realm.common.device import autocast, default_device, resolve_compute_dtype
+from realm.common.io import write_dir_atomic
 from realm.config import Preset
-from realm.corpus import BlockStore
-from realm.embed import default_device, resolve_compute_dtype
-from realm.evaluation import QAExample, has_answer
-from realm.index import MipsIndex
-from realm.io import write_dir_atomic
-from realm.qa import (
-    Answerer,
-    QABatch,
-    QAModel,
-    evaluate_qa,
-    matching_spans,
-    reader_batch,
-    stored_vectors,
-)
-from realm.search import DenseSearcher
+from realm.data.blocks import BlockStore
+from realm.data.qa_examples import QAExample, has_answer
+from realm.eval.answerer import Answerer
+from realm.eval.qa import evaluate_qa
+from realm.index.mips import MipsIndex
+from realm.index.search import DenseSearcher
+from realm.models.orqa import QABatch, QAModel
+from realm.models.span_reader import matching_spans, reader_batch
 from realm.training import (
     DataOrder,
     DataPosition,
     MetricsLog,
-    autocast,
     bert_optimizer,
     latest_checkpoint,
     linear_schedule,
@@ -69,7 +63,7 @@ def make_qa_batch(model: QAModel, examples: Sequence[QAExample], index: MipsInde
     bodies = dict(zip(unique.tolist(), (b.body for b in store.take(unique.tolist()))))
     beam_answer = np.array([[ok and has_answer(bodies[int(i)], example) for i, ok in zip(row, row_ok)]
                             for example, row, row_ok in zip(examples, ids, valid)])
-    beam_vectors = stored_vectors(index, np.where(valid, ids, index.block_ids[0]))  # (B, R, D)
+    beam_vectors = torch.from_numpy(index.stored_vectors(np.where(valid, ids, index.block_ids[0])))  # (B, R, D)
     top = ids[:, :k]
     if (top < 0).any():
         raise ValueError(f"the index holds fewer than k={k} blocks")

@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from realm.corpus import BlockStore
-from realm.index import MipsIndex
-from realm.pretrain_data import MaskedQuery, SentenceSet, mask_sentence
-from realm.realm_model import RealmBatch, RealmModel, make_batch, pad_queries, retrieve
+from realm.data.blocks import BlockStore
+from realm.data.sentences import MaskedQuery, SentenceSet, mask_sentence
+from realm.index.mips import MipsIndex
+from realm.index.search import retrieve
+from realm.models.realm import RealmBatch, RealmModel, make_batch, pad_queries
 from realm.training import example_rng
 
 EVAL_SEED = 12345

@@ -11,12 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+from realm.common.tokenization import MINILM, load_tokenizer, resolve_tokenizer_dir
 from realm.config import PRESETS, Preset, RetrieverConfig, get_preset
-from realm.corpus import BlockStore, build_corpus
-from realm.evaluation import load_qa, recall_at_k
-from realm.index import MipsIndex, MipsIndexError, build_index
-from realm.sources import VITAL_ARTICLES, CorpusError
-from realm.tokenization import MINILM, load_tokenizer, resolve_tokenizer_dir
+from realm.data.blocks import BlockStore, build_corpus
+from realm.data.qa_examples import load_qa
+from realm.data.sources import VITAL_ARTICLES, CorpusError
+from realm.eval.retrieval import recall_at_k
+from realm.index.mips import MipsIndex, MipsIndexError, build_index
 
 log = logging.getLogger("realm")
 
@@ -42,7 +43,7 @@ def _preset(args: argparse.Namespace) -> Preset:
 
 
 def _load_retriever(spec: str, config: RetrieverConfig):
-    from realm.retriever import Retriever  # torch import is slow; only commands that need it pay for it
+    from realm.models.retriever import Retriever  # torch import is slow; only commands that need it pay for it
 
     return Retriever.load(spec, config)
 
@@ -66,7 +67,7 @@ def cmd_corpus_build(args: argparse.Namespace) -> int:
 
 
 def cmd_index_build(args: argparse.Namespace) -> int:
-    from realm.embed import BlockEmbedder
+    from realm.index.embed import BlockEmbedder
 
     preset = _preset(args)
     store = BlockStore(args.corpus)
@@ -83,7 +84,7 @@ def cmd_index_build(args: argparse.Namespace) -> int:
 
 
 def _dense_searcher(args: argparse.Namespace):
-    from realm.search import DenseSearcher
+    from realm.index.search import DenseSearcher
 
     index = MipsIndex(args.index)
     retriever = _retriever_for_index(args.model, index, _preset(args))
@@ -102,7 +103,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_retrieval(args: argparse.Namespace) -> int:
-    from realm.search import BM25Searcher, search_all
+    from realm.index.search import BM25Searcher, search_all
 
     ks = sorted({int(k) for k in args.k.split(",")})
     examples = load_qa(args.qa)
@@ -133,7 +134,7 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     """Every stage from the corpus to the report; a re-run skips what matches and resumes what was cut off."""
-    from realm.pipeline import Pipeline, PipelineOptions
+    from realm.pipeline.run import Pipeline, PipelineOptions
 
     preset = get_preset(args.preset)
     budget = None if args.budget_minutes == 0 else (args.budget_minutes or preset.pipeline_budget_minutes)
@@ -150,7 +151,7 @@ def cmd_index_refresh(args: argparse.Namespace) -> int:
     """The asynchronous index builder: rebuild whenever the trainer publishes a newer retriever snapshot."""
     import torch
 
-    from realm.refresh import RefreshPolicy, refresh_loop
+    from realm.index.refresh import RefreshPolicy, refresh_loop
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -164,7 +165,7 @@ def cmd_index_refresh(args: argparse.Namespace) -> int:
 
 def cmd_index_add(args: argparse.Namespace) -> int:
     """New knowledge without retraining: embed documents with the index's own document tower, publish a version."""
-    from realm.index_update import add_documents
+    from realm.index.update import add_documents
 
     preset = _preset(args)
     index = MipsIndex(args.index)
@@ -177,7 +178,7 @@ def cmd_index_add(args: argparse.Namespace) -> int:
 
 
 def cmd_index_remove(args: argparse.Namespace) -> int:
-    from realm.index_update import remove_documents
+    from realm.index.update import remove_documents
 
     ids = list(args.ids or [])
     if args.ids_file:
@@ -206,7 +207,7 @@ def _training_preset(args: argparse.Namespace) -> Preset:
 
 
 def cmd_train_ict(args: argparse.Namespace) -> int:
-    from realm.train_ict import train_ict
+    from realm.recipes.ict import train_ict
 
     folder = train_ict(Path(args.corpus), Path(args.out), args.model, _training_preset(args), resume=args.resume,
                        progress=not args.quiet)
@@ -215,7 +216,7 @@ def cmd_train_ict(args: argparse.Namespace) -> int:
 
 
 def cmd_train_pretrain(args: argparse.Namespace) -> int:
-    from realm.train_pretrain import train_pretrain
+    from realm.recipes.pretrain import train_pretrain
 
     folder = train_pretrain(Path(args.corpus), Path(args.out), args.retriever, args.reader, _training_preset(args),
                             resume=args.resume, progress=not args.quiet)
@@ -231,7 +232,7 @@ def _qa_preset(args: argparse.Namespace) -> Preset:
 
 
 def cmd_train_qa(args: argparse.Namespace) -> int:
-    from realm.train_qa import train_qa
+    from realm.recipes.finetune_qa import train_qa
 
     best = train_qa(args.model, Path(args.index), load_qa(args.train), load_qa(args.dev), Path(args.out),
                     _qa_preset(args), resume=args.resume, progress=not args.quiet, reader_spec=args.reader)
@@ -240,7 +241,8 @@ def cmd_train_qa(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_qa(args: argparse.Namespace) -> int:
-    from realm.qa import evaluate_qa, load_answerer
+    from realm.eval.answerer import load_answerer
+    from realm.eval.qa import evaluate_qa
 
     preset = _qa_preset(args)
     examples = load_qa(args.qa)[: args.limit]
@@ -257,7 +259,7 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
-    from realm.qa import load_answerer
+    from realm.eval.answerer import load_answerer
 
     answerer = load_answerer(args.model, args.index, _qa_preset(args), args.retriever, corpus=args.corpus)
     answer = answerer.ask([args.question])[0]
@@ -280,7 +282,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """The model loads once; the service follows the index folder's published version."""
     import uvicorn
 
-    from realm.service import QAService, create_app
+    from realm.serve.service import QAService, create_app
 
     service = QAService.load(args.model, args.index, _qa_preset(args), args.retriever, corpus=args.corpus)
     uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning" if args.quiet else "info")

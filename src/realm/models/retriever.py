@@ -33,9 +33,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
 
+from realm.common.io import write_dir_atomic
+from realm.common.tokenization import MINILM, load_tokenizer, minilm_dir
 from realm.config import EncoderShape, RetrieverConfig
-from realm.io import write_dir_atomic
-from realm.tokenization import MINILM, load_tokenizer, minilm_dir
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_META = "realm.json"

@@ -7,8 +7,7 @@ For a masked sentence x with masks j and candidates z_0 = null document, z_1..z_
     log p(y_j | x)   = logsumexp_z [ log p(z | x) + log p(y_j | z, x) ]   # per mask, as the released code does
     loss             = - mean_x mean_j log p(y_j | x)
 
-Retrieval utility = mean_j [ log p(y_j | x) - log p(y_j | null, x) ]: positive when retrieval helps.
-"""
+Retrieval utility = mean_j [ log p(y_j | x) - log p(y_j | null, x) ]: positive when retrieval helps."""
 
 from __future__ import annotations
 
@@ -19,14 +18,12 @@ import torch
 from torch import nn
 
 from realm.config import CorpusConfig
-from realm.corpus import BlockStore
-from realm.embed import encode_blocks, pad_batch
-from realm.index import MipsIndex
-from realm.pretrain_data import MaskedQuery
-from realm.reader import Reader
-from realm.retriever import Retriever
+from realm.data.blocks import BlockStore
+from realm.data.sentences import MaskedQuery
+from realm.models.inputs import encode_blocks, pad_batch
+from realm.models.mlm_reader import Reader
+from realm.models.retriever import Retriever
 
-EXTRA_RETRIEVED = 8  # retrieve this many more than needed, so candidates survive the trivial-retrieval filter
 NULL_BLOCK = -1  # candidate id of the null document (and of padding where too few blocks remain)
 
 
@@ -53,15 +50,6 @@ def select_candidates(retrieved: np.ndarray, block_doc_ids: np.ndarray, source_d
         keep = [int(i) for i in row if i >= 0 and block_doc_ids[i] != source][:num_retrieved]
         out[b, : len(keep)] = keep
     return out
-
-
-def retrieve(model: RealmModel, index: MipsIndex, query: dict[str, torch.Tensor], block_doc_ids: np.ndarray,
-             source_doc_ids: list[str], num_retrieved: int) -> np.ndarray:
-    """Top candidates for masked queries from the (possibly stale) index, trivial ones dropped: (B, K-1)."""
-    with torch.no_grad():
-        vectors = model.retriever.query_tower(**query).float().cpu().numpy()
-    _, ids = index.search(vectors, num_retrieved + EXTRA_RETRIEVED)
-    return select_candidates(ids, block_doc_ids, source_doc_ids, num_retrieved)
 
 
 @dataclass

@@ -20,21 +20,21 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from realm.common.device import autocast, default_device, resolve_compute_dtype
 from realm.config import Preset, PretrainConfig
-from realm.corpus import BlockStore
-from realm.embed import default_device, resolve_compute_dtype
-from realm.index import MipsIndex, current_version
-from realm.pretrain_data import SentenceSet, build_sentences, mask_sentence
-from realm.reader import Reader
-from realm.realm_model import RealmBatch, RealmModel, make_batch, pad_queries, retrieve
-from realm.refresh import STOP_FILE, RefreshPolicy, build_from_retriever, save_snapshot
-from realm.retriever import Retriever
+from realm.data.blocks import BlockStore
+from realm.data.sentences import SentenceSet, build_sentences, mask_sentence
+from realm.index.mips import MipsIndex, current_version
+from realm.index.refresh import STOP_FILE, RefreshPolicy, build_from_retriever, save_snapshot
+from realm.index.search import retrieve
+from realm.models.mlm_reader import Reader
+from realm.models.realm import RealmBatch, RealmModel, make_batch, pad_queries
+from realm.models.retriever import Retriever
 from realm.training import (
     DataOrder,
     DataPosition,
     Dist,
     MetricsLog,
-    autocast,
     bert_optimizer,
     broadcast,
     example_rng,

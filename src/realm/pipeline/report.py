@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from realm.budget import PipelinePlan
-from realm.io import write_atomic
+from realm.common.io import write_atomic
+from realm.pipeline.plan import PipelinePlan
 
 # Guu et al. (2020), Table 2 / section 4.4: NQ dev exact match of REALM and the ablated variant.
 PAPER_ABLATIONS = {

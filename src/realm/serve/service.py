@@ -22,9 +22,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from realm.config import Preset
-from realm.index import MipsIndex, MipsIndexError, current_version
-from realm.qa import Answerer, load_answerer, open_searcher
-from realm.search import Searcher
+from realm.eval.answerer import Answerer, load_answerer, open_searcher
+from realm.index.mips import MipsIndex, MipsIndexError, current_version
+from realm.index.search import Searcher
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def _message(err: RequestValidationError) -> str:
 def create_app(service: QAService) -> FastAPI:
     """The HTTP API over a loaded service, and the page that uses it."""
     app = FastAPI(title="realm", summary="Open-domain questions answered with retrieved evidence")
-    page = (files("realm") / "web" / "index.html").read_text(encoding="utf-8")
+    page = (files("realm.serve") / "web" / "index.html").read_text(encoding="utf-8")
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:

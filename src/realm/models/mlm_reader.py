@@ -15,9 +15,9 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 
+from realm.common.io import write_dir_atomic
+from realm.common.tokenization import MINILM, load_tokenizer, minilm_dir
 from realm.config import EncoderShape
-from realm.io import write_dir_atomic
-from realm.tokenization import MINILM, load_tokenizer, minilm_dir
 
 READER_SEED = 20200211
 

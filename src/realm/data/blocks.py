@@ -27,10 +27,10 @@ import pyarrow as pa
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from realm.common.io import write_json_atomic
+from realm.common.tokenization import tokenizer_fingerprint
 from realm.config import CorpusConfig
-from realm.io import write_json_atomic
-from realm.sources import BadRecords, CorpusError, Document, read_all
-from realm.tokenization import tokenizer_fingerprint
+from realm.data.sources import BadRecords, CorpusError, Document, read_all
 
 FORMAT_VERSION = 1
 META = "meta.json"

@@ -23,14 +23,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from transformers import PreTrainedTokenizerBase
 
+from realm.common.io import write_atomic
+from realm.common.tokenization import tokenizer_fingerprint
 from realm.config import EmbedConfig
-from realm.corpus import Block, BlockSplitter, BlockStore, Fingerprint, split_documents, write_blocks
-from realm.embed import BlockEmbedder
-from realm.index import ADDED, IndexMeta, MipsIndex, MipsIndexError, build_faiss, config_of, current_version, publish
-from realm.io import write_atomic
-from realm.retriever import Retriever
-from realm.sources import BadRecords, CorpusError, read_all
-from realm.tokenization import tokenizer_fingerprint
+from realm.data.blocks import Block, BlockSplitter, BlockStore, Fingerprint, split_documents, write_blocks
+from realm.data.sources import BadRecords, CorpusError, read_all
+from realm.index.embed import BlockEmbedder
+from realm.index.mips import (
+    ADDED,
+    IndexMeta,
+    MipsIndex,
+    MipsIndexError,
+    build_faiss,
+    config_of,
+    current_version,
+    publish,
+)
+from realm.models.retriever import Retriever
 
 
 @dataclass(frozen=True)

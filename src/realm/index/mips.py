@@ -37,10 +37,10 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
+from realm.common.io import fsync_dir, save_npy_atomic, write_atomic, write_json_atomic
 from realm.config import EmbedConfig, IndexConfig, RetrieverConfig
-from realm.corpus import BlockStore, read_blocks
-from realm.embed import BlockEmbedder
-from realm.io import fsync_dir, save_npy_atomic, write_atomic, write_json_atomic
+from realm.data.blocks import BlockStore, read_blocks
+from realm.index.embed import BlockEmbedder
 
 log = logging.getLogger(__name__)
 
@@ -403,6 +403,13 @@ class MipsIndex:
             scores, rows = self.index.search(queries, k)
         ids = np.where(rows >= 0, self.block_ids[np.clip(rows, 0, None)], -1)
         return scores, ids
+
+    def stored_vectors(self, block_ids: np.ndarray) -> np.ndarray:
+        """Embed_doc of the given blocks as stored in this version: (..., D) float32."""
+        rows = np.clip(np.searchsorted(self.block_ids, block_ids), 0, len(self.block_ids) - 1)
+        if not np.array_equal(self.block_ids[rows], block_ids):
+            raise KeyError("block ids missing from the index")
+        return np.asarray(self.embeddings()[rows.ravel()], dtype=np.float32).reshape(*block_ids.shape, -1)
 
     def _rerank(self, queries: np.ndarray, _: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact inner products for the approximate candidates, read from the memory-mapped embeddings."""

@@ -25,8 +25,8 @@ import pyarrow as pa
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from realm.corpus import BlockStore, sentence_starts
-from realm.io import write_atomic
+from realm.common.io import write_atomic
+from realm.data.blocks import BlockStore, sentence_starts
 
 log = logging.getLogger(__name__)
 

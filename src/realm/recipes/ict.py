@@ -1,12 +1,8 @@
-"""Inverse Cloze Task (ORQA, Lee et al. 2019): the warm start of REALM's retriever.
+"""The ICT recipe (ORQA, Lee et al. 2019): warm-start both retriever towers with the Inverse Cloze Task.
 
-A pseudo-query is one sentence of a block; its positive is the block with that sentence removed (90%
-of the time; kept 10% so the retriever still learns word matching); the other blocks of the batch are
-the negatives. Both towers train:
-
-    loss = CrossEntropy(softmax_j Embed_input(q_i) · Embed_doc(c_j), target j = i)
-
-Under torchrun each process uses its share of the global batch as its negatives.
+Per step: one sentence of each block is its pseudo-query, the block (without that sentence 90% of the
+time) its positive and the other blocks of the batch its negatives (models/ict.py). Under torchrun each
+process uses its share of the global batch as its negatives.
 """
 
 from __future__ import annotations
@@ -16,19 +12,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedTokenizerBase
 
+from realm.common.device import autocast, default_device, resolve_compute_dtype
 from realm.config import CorpusConfig, Preset
-from realm.corpus import BlockStore, sentence_starts
-from realm.embed import default_device, encode_blocks, pad_batch, resolve_compute_dtype
-from realm.retriever import Retriever
+from realm.data.blocks import BlockStore, sentence_starts
+from realm.models.ict import ICTModel
+from realm.models.inputs import encode_blocks, pad_batch
+from realm.models.retriever import Retriever
 from realm.training import (
     DataOrder,
     DataPosition,
     MetricsLog,
-    autocast,
     bert_optimizer,
     example_rng,
     latest_checkpoint,
@@ -65,20 +61,6 @@ def make_ict_batch(tokenizer: PreTrainedTokenizerBase, titles: list[str], bodies
                            return_tensors="pt"))
     ids, types = encode_blocks(tokenizer, titles, [c for _, c in pairs], corpus_config)
     return query, pad_batch(ids, types, tokenizer.pad_token_id)
-
-
-class ICTModel(nn.Module):
-    def __init__(self, retriever: Retriever):
-        super().__init__()
-        self.retriever = retriever
-
-    def forward(self, query: dict[str, torch.Tensor], docs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        q = self.retriever.query_tower(**query)  # (B, D)
-        d = self.retriever.doc_tower(**docs)  # (B, D)
-        logits = (q @ d.T).float()  # (B, B): the diagonal holds the positives
-        target = torch.arange(len(q), device=logits.device)
-        loss = nn.functional.cross_entropy(logits, target)
-        return loss, (logits.argmax(-1) == target).float().mean().detach()
 
 
 def train_ict(corpus: Path, out: Path, model_spec: str, preset: Preset, resume: bool = False,

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+import torch
 
-from realm.corpus import BlockStore
-from realm.index import MipsIndex
-from realm.retriever import Retriever
+from realm.data.blocks import BlockStore
+from realm.index.mips import MipsIndex
+from realm.models.realm import RealmModel, select_candidates
+from realm.models.retriever import Retriever
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
 
@@ -100,3 +102,15 @@ def search_all(searcher: Searcher, queries: list[str], k: int, batch_size: int =
     for start in range(0, len(queries), batch_size):
         hits += searcher.batch_search(queries[start : start + batch_size], k)
     return hits
+
+
+EXTRA_RETRIEVED = 8  # retrieve this many more than needed, so candidates survive the trivial-retrieval filter
+
+
+def retrieve(model: RealmModel, index: MipsIndex, query: dict[str, torch.Tensor], block_doc_ids: np.ndarray,
+             source_doc_ids: list[str], num_retrieved: int) -> np.ndarray:
+    """Top candidates for masked queries from the (possibly stale) index, trivial ones dropped: (B, K-1)."""
+    with torch.no_grad():
+        vectors = model.retriever.query_tower(**query).float().cpu().numpy()
+    _, ids = index.search(vectors, num_retrieved + EXTRA_RETRIEVED)
+    return select_candidates(ids, block_doc_ids, source_doc_ids, num_retrieved)

@@ -1,7 +1,7 @@
-"""Open-QA answers and metrics: the spec's answer normalisation, answer matching, retrieval recall@k.
+"""Open-QA pairs and answer matching: the spec's answer normalisation, exact match, answer-in-text.
 
-Normalisation (as in ORQA/REALM and SQuAD): Unicode NFD, lowercase, drop punctuation, drop the articles
-a/an/the, collapse whitespace. Regex answers (CuratedTrec, files named *.regex.jsonl) match the raw
+Plain answers are compared after normalisation (lowercase, no punctuation, no articles, whitespace
+collapsed). `*.regex.jsonl` answers are regular expressions (CuratedTrec), matched against the raw
 NFD text case-insensitively; a pattern that does not compile is reported and never matches.
 """
 
@@ -11,15 +11,15 @@ import json
 import logging
 import re
 import unicodedata
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from realm.search import SearchHit
-from realm.sources import open_text
+from realm.data.sources import open_text
 
 log = logging.getLogger(__name__)
+
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 
 
@@ -96,13 +96,3 @@ def load_qa(path: str | Path) -> list[QAExample]:
     if not examples:
         raise ValueError(f"{path}: no QA examples")
     return examples
-
-
-def recall_at_k(examples: Sequence[QAExample], hits: Sequence[Sequence[SearchHit]], ks: Sequence[int]) -> dict[str, float]:
-    """Percent of questions with an answer-bearing block among the top k, for each k."""
-    if len(examples) != len(hits):
-        raise ValueError(f"{len(examples)} examples but {len(hits)} result lists")
-    first_hit = []  # rank (0-based) of the first answer-bearing block, or None
-    for example, row in zip(examples, hits):
-        first_hit.append(next((rank for rank, hit in enumerate(row) if has_answer(hit.text, example)), None))
-    return {f"recall@{k}": 100.0 * sum(r is not None and r < k for r in first_hit) / len(examples) for k in ks}

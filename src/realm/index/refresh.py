@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from realm.config import EmbedConfig, IndexConfig, RetrieverConfig
-from realm.corpus import BlockStore
-from realm.embed import BlockEmbedder
-from realm.index import IndexMeta, build_index, current_version
-from realm.retriever import Retriever
+from realm.data.blocks import BlockStore
+from realm.index.embed import BlockEmbedder
+from realm.index.mips import IndexMeta, build_index, current_version
+from realm.models.retriever import Retriever
 
 log = logging.getLogger(__name__)
 

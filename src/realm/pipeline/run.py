@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from realm.budget import PipelinePlan, Workload, plan_pipeline
+from realm.common.io import write_json_atomic
 from realm.config import Preset
-from realm.evaluation import QAExample, load_qa
-from realm.io import write_json_atomic
-from realm.sources import VITAL_ARTICLES
+from realm.data.qa_examples import QAExample, load_qa
+from realm.data.sources import VITAL_ARTICLES
+from realm.pipeline.plan import PipelinePlan, Workload, plan_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +162,8 @@ class Pipeline:
 
     # -- stages ---------------------------------------------------------------------------------------
     def corpus(self) -> StageRecord:
-        from realm.corpus import BlockStore, build_corpus
-        from realm.tokenization import MINILM, load_tokenizer, resolve_tokenizer_dir
+        from realm.common.tokenization import MINILM, load_tokenizer, resolve_tokenizer_dir
+        from realm.data.blocks import BlockStore, build_corpus
 
         preset = self.base_preset
         tokenizer_spec = MINILM if self.options.warm_start in (MINILM, "random") else self.options.warm_start
@@ -181,8 +181,8 @@ class Pipeline:
 
     def warm_start(self) -> StageRecord:
         """Both towers and the reader as the later stages start from them, saved so every stage reads the same."""
-        from realm.reader import Reader
-        from realm.retriever import Retriever
+        from realm.models.mlm_reader import Reader
+        from realm.models.retriever import Retriever
 
         preset = self.base_preset
 
@@ -196,7 +196,7 @@ class Pipeline:
                                               "retriever": dataclasses.asdict(preset.retriever)}, work)
 
     def ict(self, preset: Preset, warm: StageRecord, corpus: StageRecord) -> StageRecord:
-        from realm.train_ict import train_ict
+        from realm.recipes.ict import train_ict
 
         def work(folder: Path, resume: bool) -> dict:
             train_ict(self.run_dir / "corpus", folder, str(self.run_dir / "warm_start" / "retriever"), preset,
@@ -208,9 +208,9 @@ class Pipeline:
 
     def index(self, name: str, retriever_folder: Path, preset: Preset, after: list[StageRecord]) -> StageRecord:
         """Embed the corpus with a retriever's document tower (zero-shot recall, and the ICT-only baseline)."""
-        from realm.corpus import BlockStore
-        from realm.refresh import build_from_retriever
-        from realm.retriever import Retriever
+        from realm.data.blocks import BlockStore
+        from realm.index.refresh import build_from_retriever
+        from realm.models.retriever import Retriever
 
         def work(folder: Path, resume: bool) -> dict:
             retriever = Retriever.load(str(retriever_folder), preset.retriever)
@@ -224,8 +224,8 @@ class Pipeline:
     def pretrain(self, name: str, preset: Preset, ict: StageRecord, warm: StageRecord) -> StageRecord:
         """REALM pretraining; the trainer builds the first index from the ICT retriever, then a builder
         process refreshes it beside the trainer (unless `refresh_every` is 0: a frozen index)."""
-        from realm.index import MipsIndex
-        from realm.train_pretrain import train_pretrain
+        from realm.index.mips import MipsIndex
+        from realm.recipes.pretrain import train_pretrain
 
         def work(folder: Path, resume: bool) -> dict:
             train_pretrain(self.run_dir / "corpus", folder, str(self.run_dir / "ict" / "retriever"),
@@ -240,8 +240,9 @@ class Pipeline:
     def finetune(self, name: str, model_folder: Path, index_folder: Path, preset: Preset, after: list[StageRecord],
                  reader: Path | None = None, evaluate: bool = False) -> StageRecord:
         """Open-QA fine-tuning over a frozen index (and, for the ablations, dense evaluation on all dev questions)."""
-        from realm.qa import evaluate_qa, load_answerer
-        from realm.train_qa import train_qa
+        from realm.eval.answerer import load_answerer
+        from realm.eval.qa import evaluate_qa
+        from realm.recipes.finetune_qa import train_qa
 
         def work(folder: Path, resume: bool) -> dict:
             best = train_qa(str(model_folder), index_folder, self.qa_train, self.qa_dev, folder, preset, resume=resume,
@@ -260,11 +261,12 @@ class Pipeline:
     def evaluate(self, preset: Preset, qa: StageRecord, zero_shot: dict[str, tuple[StageRecord, Path]]) -> StageRecord:
         """EM and recall of the fine-tuned model (dense), of BM25 with the same reader, and zero-shot recall
         of each retriever before fine-tuning (`zero_shot`: row label -> (its index stage, the retriever))."""
-        from realm.index import MipsIndex
-        from realm.qa import evaluate_qa, load_answerer
-        from realm.retriever import Retriever
-        from realm.search import DenseSearcher, search_all
-        from realm.evaluation import recall_at_k
+        from realm.eval.answerer import load_answerer
+        from realm.eval.qa import evaluate_qa
+        from realm.eval.retrieval import recall_at_k
+        from realm.index.mips import MipsIndex
+        from realm.index.search import DenseSearcher, search_all
+        from realm.models.retriever import Retriever
 
         best = self.run_dir / qa.name / "best"
         index_folder = self.run_dir / "realm_index" / "index"
@@ -287,13 +289,13 @@ class Pipeline:
 
     def examples(self, preset: Preset, realm: StageRecord) -> StageRecord:
         """The paper's Table 3 in miniature, and masked-span accuracy with and without retrieval (held out)."""
-        from realm.corpus import BlockStore
-        from realm.index import MipsIndex
-        from realm.mlm_eval import masked_span_accuracy, worked_examples
-        from realm.pretrain_data import SentenceSet
-        from realm.reader import Reader
-        from realm.realm_model import RealmModel
-        from realm.retriever import Retriever
+        from realm.data.blocks import BlockStore
+        from realm.data.sentences import SentenceSet
+        from realm.eval.mlm import masked_span_accuracy, worked_examples
+        from realm.index.mips import MipsIndex
+        from realm.models.mlm_reader import Reader
+        from realm.models.realm import RealmModel
+        from realm.models.retriever import Retriever
 
         def work(folder: Path, resume: bool) -> dict:
             store = BlockStore(self.run_dir / "corpus")
@@ -314,7 +316,7 @@ class Pipeline:
     # -- the run --------------------------------------------------------------------------------------
     def report(self, complete: bool) -> Path | None:
         """The report of the stages finished so far (none before the plan exists)."""
-        from realm.report import write_report
+        from realm.pipeline.report import write_report
 
         if self.plan is None:
             return None

@@ -1,0 +1,167 @@
+"""Questions in, answers with their evidence out: retrieve the top-k blocks, read their spans, marginalise.
+
+    p(y | x) = sum over blocks z and spans s of z reading as y of p(z | x) p(s | z, x)
+
+The answer is the string with the highest p(y | x); each block's evidence says how much of it came from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from realm.data.qa_examples import QAExample, normalize_answer
+from realm.index.mips import MipsIndex
+from realm.index.search import BM25Searcher, Searcher, SearchHit
+from realm.models.orqa import QAModel, marginal_answer_log_likelihood
+from realm.models.retriever import Retriever
+from realm.models.span_reader import BlockSpans, matching_spans, reader_batch, span_log_probs
+
+SPANS_PER_BLOCK = 32  # spans per block considered as answer strings at prediction time
+
+
+@dataclass
+class Evidence:
+    block_id: int
+    doc_id: str
+    title: str
+    text: str
+    retrieval_prob: float  # p(z | x) among the top k
+    answer_prob: float  # p(z | x) * sum of p(s | z, x) over the spans of z that read as the answer
+    answer_span: tuple[int, int] | None  # character offsets of the best such span in `text`
+
+
+@dataclass
+class Answer:
+    question: str
+    answer: str
+    score: float  # p(answer | x), marginalised over the blocks and their matching spans
+    evidence: list[Evidence] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compose_answer(question: str, hits: Sequence[SearchHit], blocks: Sequence[BlockSpans], log_pz: torch.Tensor,
+                   log_ps: torch.Tensor) -> Answer:
+    """The answer string with the highest marginal p(y | x) among each block's top spans, with its evidence.
+    log_pz (K,); log_ps (K, S)."""
+    pz = log_pz.exp().tolist()
+    totals: dict[str, float] = {}  # normalised answer -> p(y | x)
+    shown: dict[str, str] = {}  # normalised answer -> its text as first read
+    per_block: list[dict[str, tuple[float, tuple[int, int]]]] = []  # normalised answer -> (sum p(s|z,x), best span)
+    for z, (hit, spans) in enumerate(zip(hits, blocks)):
+        found: dict[str, tuple[float, tuple[int, int]]] = {}
+        count = min(SPANS_PER_BLOCK, len(spans.spans))
+        if count:
+            top = torch.topk(log_ps[z, : len(spans.spans)], count)
+            for lp, s in zip(top.values.tolist(), top.indices.tolist()):
+                text = spans.text(hit.text, spans.spans[s])
+                key = normalize_answer(text)
+                if key:
+                    mass, best = found.get(key, (0.0, spans.char_span(spans.spans[s])))
+                    found[key] = (mass + float(np.exp(lp)), best)
+                    shown.setdefault(key, text)
+        for key, (mass, _) in found.items():
+            totals[key] = totals.get(key, 0.0) + pz[z] * mass
+        per_block.append(found)
+    best = max(totals, key=totals.get) if totals else ""
+    evidence = []
+    for z, hit in enumerate(hits):
+        mass, span = per_block[z].get(best, (0.0, None))
+        evidence.append(Evidence(hit.block_id, hit.doc_id, hit.title, hit.text, pz[z], pz[z] * mass, span))
+    return Answer(question, shown.get(best, ""), totals.get(best, 0.0), evidence)
+
+
+class Answerer:
+    """Questions in, answers with evidence out: a searcher (dense REALM retrieval, or BM25 with a uniform
+    p(z | x) since its scores are not retrieval logits) and the span reader, batched."""
+
+    def __init__(self, model: QAModel, searcher: Searcher, k: int, max_block_tokens: int, batch_size: int = 8,
+                 dtype: torch.dtype = torch.float32):
+        self.model = model.eval()
+        self.searcher = searcher
+        self.k = k
+        self.max_block_tokens = max_block_tokens
+        self.batch_size = batch_size
+        self.dtype = dtype
+        self.uniform_prior = isinstance(searcher, BM25Searcher)
+
+    def ask(self, questions: Sequence[str]) -> list[Answer]:
+        answers = []
+        for start in range(0, len(questions), self.batch_size):
+            part = list(questions[start : start + self.batch_size])
+            answers += self.read(part, self.searcher.batch_search(part, self.k))
+        return answers
+
+    def _log_ps(self, questions: Sequence[str], blocks: Sequence[Sequence[BlockSpans]]) -> torch.Tensor:
+        """log p(s | z, x) for every (question, block) row, in order: (sum of K, S)."""
+        batch = reader_batch(self.model.reader.tokenizer, self.model.question_ids(questions), blocks)
+        device = next(self.model.parameters()).device
+        batch = batch.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+            scores = self.model.reader(**batch.inputs, starts=batch.starts, ends=batch.ends)  # (N, S)
+        return span_log_probs(scores, batch.span_valid).cpu()
+
+    def _log_pz(self, hits: Sequence[SearchHit]) -> torch.Tensor:
+        logits = torch.zeros(len(hits)) if self.uniform_prior else torch.tensor([h.score for h in hits])
+        return torch.log_softmax(logits, 0)
+
+    @torch.inference_mode()
+    def read(self, questions: Sequence[str], hits: Sequence[Sequence[SearchHit]]) -> list[Answer]:
+        """Answers for questions whose blocks are already retrieved (hits: best first, SearchHit.score = f(x, z))."""
+        blocks = [self.model.blocks([h.text for h in row], self.max_block_tokens) for row in hits]
+        answers: list[Answer | None] = [Answer(q, "", 0.0) if not row else None for q, row in zip(questions, hits)]
+        asked = [b for b, row in enumerate(hits) if row]
+        if asked:
+            log_ps = self._log_ps([questions[b] for b in asked], [blocks[b] for b in asked])
+            row = 0
+            for b in asked:
+                k = len(hits[b])
+                answers[b] = compose_answer(questions[b], hits[b], blocks[b], self._log_pz(hits[b]), log_ps[row : row + k])
+                row += k
+        return answers
+
+    @torch.inference_mode()
+    def reference_probability(self, example: QAExample) -> float:
+        """p(y | x) of the reference answers: 0 when no retrieved block has a span that reads as one."""
+        hits = self.searcher.search(example.question, self.k)
+        if not hits:
+            return 0.0
+        blocks = self.model.blocks([h.text for h in hits], self.max_block_tokens)
+        log_ps = self._log_ps([example.question], [blocks])  # (K, S)
+        match = torch.zeros_like(log_ps, dtype=torch.bool)
+        for z, (hit, spans) in enumerate(zip(hits, blocks)):
+            match[z, : len(spans.spans)] = torch.tensor(matching_spans(hit.text, spans, example), dtype=torch.bool)
+        if not match.any():
+            return 0.0
+        return marginal_answer_log_likelihood(self._log_pz(hits)[None], log_ps[None], match[None]).exp().item()
+
+
+def open_searcher(index: MipsIndex, kind: str, retriever: Retriever, corpus: str | Path | None = None) -> Searcher:
+    """Dense search over `index` (refuses an index built by another document tower), or BM25 over its blocks."""
+    from realm.index.search import DenseSearcher
+
+    store = index.corpus(corpus)
+    return BM25Searcher(store) if kind == "bm25" else DenseSearcher(index, retriever, store)
+
+
+def load_answerer(model_spec: str, index_dir: str | Path, preset, retriever: str = "dense", k: int | None = None,
+                  corpus: str | Path | None = None, version: int | None = None) -> Answerer:
+    """Model + index version (default: CURRENT) -> an Answerer. `retriever="bm25"` keeps the reader and swaps
+    in BM25 over the same blocks."""
+    from realm.common.device import default_device, resolve_compute_dtype
+
+    index = MipsIndex(index_dir, version)
+    config = dataclasses.replace(preset.retriever, **index.meta.retriever)  # pooling etc. of the index's model
+    model = QAModel.load(model_spec, config, preset.qa.span_hidden, preset.qa.max_span_width)
+    searcher = open_searcher(index, retriever, model.retriever, corpus)
+    device = default_device()
+    dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
+    return Answerer(model.to(device), searcher, k or preset.qa.top_k, index.corpus(corpus).config.max_block_tokens,
+                    dtype=dtype)

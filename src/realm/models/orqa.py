@@ -1,0 +1,120 @@
+"""Open-domain QA on REALM: retrieve the top-k blocks, read every short span of each, marginalise.
+
+For a question x, retrieved blocks z_1..z_k (MIPS over the frozen document index) and spans s of z:
+
+    f(x, z)            = Embed_input(x) · Embed_doc(z)             # Embed_doc(z) read from the index
+    log p(z | x)       = log_softmax_z f(x, z)                      # over the top k
+    S(s)               = w · LayerNorm(ReLU(W_s h_start + W_e h_end))  # span hidden 256 (ORQA / REALM)
+    log p(s | z, x)    = log_softmax_s S(s)                         # over the spans of z (width <= W words)
+    log p(y | x)       = logsumexp_{z, s : text(s) ≡ y} [log p(z | x) + log p(s | z, x)]
+
+`≡` is exact match after the spec's normalisation (a full regex match for *.regex.jsonl answers).
+Fine-tuning keeps the document index frozen and trains the query tower and the reader. As in ORQA,
+an example none of whose top-k blocks holds a matching span has no reader loss (log 0 is undefined);
+every example whose answer appears in the retrieval beam (top `beam` blocks) adds the early-update
+retrieval loss  -log sum_{z in beam, z holds y} softmax_beam f(x, z), which reaches only the query tower."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from realm.common.tokenization import MINILM
+from realm.models.retriever import Retriever
+from realm.models.span_reader import MASKED, BlockSpans, ReaderBatch, SpanReader, block_spans, span_log_probs
+
+
+def marginal_answer_log_likelihood(log_pz: torch.Tensor, log_ps: torch.Tensor, match: torch.Tensor) -> torch.Tensor:
+    """log p(y | x) = logsumexp over matching (z, s) of log p(z | x) + log p(s | z, x).
+    log_pz (B, K); log_ps (B, K, S); match (B, K, S) bool -> (B,); about MASKED where nothing matches."""
+    joint = (log_pz.unsqueeze(-1) + log_ps).masked_fill(~match, MASKED)  # (B, K, S)
+    return torch.logsumexp(joint.flatten(1), dim=-1)
+
+
+@dataclass
+class QABatch:
+    query: dict[str, torch.Tensor]  # (B, Lq) [CLS] x [SEP]
+    beam_vectors: torch.Tensor  # (B, R, D) Embed_doc of the retrieval beam, best first, from the index
+    beam_valid: torch.Tensor  # (B, R) bool
+    beam_answer: torch.Tensor  # (B, R) bool: the block holds a reference answer
+    reader: ReaderBatch  # B * K rows: the top K of the beam
+    span_match: torch.Tensor  # (B * K, S) bool: the span reads as a reference answer
+
+    def to(self, device: torch.device) -> QABatch:
+        return QABatch({k: v.to(device) for k, v in self.query.items()}, self.beam_vectors.to(device),
+                       self.beam_valid.to(device), self.beam_answer.to(device), self.reader.to(device),
+                       self.span_match.to(device))
+
+
+def qa_loss(f_beam: torch.Tensor, beam_valid: torch.Tensor, beam_answer: torch.Tensor, log_ps: torch.Tensor,
+            span_match: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """f_beam (B, R) f(x, z) over the beam; log_ps (B, K, S) for its top K; span_match (B, K, S).
+    Reader loss on examples with a matching span in the top K; early-update retrieval loss on examples
+    with an answer in the beam; both summed over those examples and divided by the batch size."""
+    batch_size, k, _ = log_ps.shape
+    f_beam = f_beam.float().masked_fill(~beam_valid, MASKED)
+    log_pz = torch.log_softmax(f_beam[:, :k], dim=-1)  # (B, K)
+    answer_ll = marginal_answer_log_likelihood(log_pz, log_ps, span_match)  # (B,)
+    readable = span_match.flatten(1).any(-1)
+    beam_ll = torch.logsumexp(torch.log_softmax(f_beam, -1).masked_fill(~beam_answer, MASKED), dim=-1)  # (B,)
+    in_beam = beam_answer.any(-1)
+    reader_loss = -(answer_ll * readable).sum() / batch_size
+    retrieval_loss = -(beam_ll * in_beam).sum() / batch_size
+    with torch.no_grad():
+        joint = (log_pz.unsqueeze(-1) + log_ps).flatten(1)  # (B, K*S)
+        em = span_match.flatten(1).gather(1, joint.argmax(-1, keepdim=True)).float().mean()
+    stats = {"reader_loss": reader_loss.detach(), "retrieval_loss": retrieval_loss.detach(),
+             "answer_in_top_k": readable.float().mean(), "answer_in_beam": in_beam.float().mean(), "train_em": em}
+    return reader_loss + retrieval_loss, stats
+
+
+class QAModel(nn.Module):
+    """Query tower + frozen document index + span reader. The document tower is kept (to check the index
+    and to embed added documents) but never trained here."""
+
+    def __init__(self, retriever: Retriever, reader: SpanReader):
+        super().__init__()
+        self.retriever = retriever
+        self.reader = reader
+        self.retriever.doc_tower.requires_grad_(False)
+
+    @classmethod
+    def load(cls, spec: str, retriever_config, span_hidden: int = 256, max_span_width: int = 10,
+             reader: str | None = None) -> QAModel:
+        """`minilm`; a REALM pretraining output or a fine-tuned QA model (folders with retriever/ and reader/).
+        `reader` replaces the folder's reader with another warm start (e.g. an ICT retriever with a BERT reader)."""
+        if spec == MINILM:
+            return cls(Retriever.load(MINILM, retriever_config), SpanReader.load(reader or MINILM, span_hidden, max_span_width))
+        folder = Path(spec)
+        if not ((folder / "retriever").is_dir() and (reader or (folder / "reader").is_dir())):
+            raise FileNotFoundError(f"unknown model {spec!r}: expected 'minilm' or a folder with retriever/ and reader/ "
+                                    "(the output of `realm train pretrain` or `realm train qa`)")
+        return cls(Retriever.load(str(folder / "retriever"), retriever_config),
+                   SpanReader.load(reader or str(folder / "reader"), span_hidden, max_span_width))
+
+    def save(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.retriever.save(folder / "retriever")
+        self.reader.save(folder / "reader")
+
+    def forward(self, batch: QABatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        q = self.retriever.query_tower(**batch.query)  # (B, D)
+        f_beam = torch.einsum("bd,brd->br", q.float(), batch.beam_vectors)  # (B, R) f(x, z), doc side frozen
+        scores = self.reader(**batch.reader.inputs, starts=batch.reader.starts, ends=batch.reader.ends)  # (B*K, S)
+        log_ps = span_log_probs(scores, batch.reader.span_valid)
+        batch_size = len(q)
+        return qa_loss(f_beam, batch.beam_valid, batch.beam_answer, log_ps.view(batch_size, -1, log_ps.size(-1)),
+                       batch.span_match.view(batch_size, -1, log_ps.size(-1)))
+
+    def question_ids(self, questions: Sequence[str]) -> list[list[int]]:
+        """Question wordpieces without special tokens, cut to the query length."""
+        limit = self.retriever.config.query_max_tokens - 2
+        return [row[:limit] for row in self.retriever.tokenizer(list(questions), add_special_tokens=False)["input_ids"]]
+
+    def blocks(self, bodies: Sequence[str], max_tokens: int) -> list[BlockSpans]:
+        return [block_spans(self.reader.tokenizer, body, max_tokens, self.reader.max_span_width) for body in bodies]

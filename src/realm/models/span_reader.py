@@ -1,0 +1,171 @@
+"""The span reader for open QA: BERT over `[CLS] x [SEP] body [SEP]` and a span head (ORQA / REALM).
+
+    S(s)            = w · LayerNorm(ReLU(W_s h_start + W_e h_end))   # span hidden 256
+    log p(s | z, x) = log_softmax_s S(s)                              # over the spans of z
+
+Spans are whole words of at most `max_span_width` wordpieces. Also the reader's inputs: a block tokenised
+with its candidate spans, and the padded batch of every (question, block) pair.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import BertModel, PreTrainedTokenizerBase
+
+from realm.common.io import write_dir_atomic
+from realm.common.tokenization import MINILM, load_tokenizer, minilm_dir
+from realm.data.qa_examples import QAExample, has_answer, is_exact_match
+from realm.models.inputs import pad_batch
+
+SPAN_HEAD_FILE = "span_head.safetensors"
+
+
+READER_META = "reader.json"
+
+
+READER_SEED = 20200807
+
+
+class SpanHead(nn.Module):
+    """S(s) = w · LayerNorm(ReLU(W_start h_start + W_end h_end)), as in the released ORQA/REALM code."""
+
+    def __init__(self, hidden_size: int, span_hidden: int):
+        super().__init__()
+        self.start = nn.Linear(hidden_size, span_hidden)
+        self.end = nn.Linear(hidden_size, span_hidden)
+        self.norm = nn.LayerNorm(span_hidden)
+        self.score = nn.Linear(span_hidden, 1)
+
+    def forward(self, hidden: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """hidden (N, L, H); starts, ends (N, S) token positions -> span scores (N, S)."""
+        gather = lambda x, at: torch.gather(x, 1, at.unsqueeze(-1).expand(-1, -1, x.size(-1)))  # noqa: E731
+        h = torch.relu(gather(self.start(hidden), starts) + gather(self.end(hidden), ends))  # (N, S, span_hidden)
+        return self.score(self.norm(h)).squeeze(-1)
+
+
+class SpanReader(nn.Module):
+    """BERT over `[CLS] x [SEP] body [SEP]` with a span head (the knowledge-augmented encoder for QA)."""
+
+    def __init__(self, bert: BertModel, tokenizer: PreTrainedTokenizerBase, span_hidden: int, max_span_width: int):
+        super().__init__()
+        self.bert = bert
+        self.tokenizer = tokenizer
+        self.max_span_width = max_span_width
+        self.span_head = SpanHead(bert.config.hidden_size, span_hidden)
+
+    @classmethod
+    def load(cls, spec: str, span_hidden: int = 256, max_span_width: int = 10) -> SpanReader:
+        """A folder saved by `save`; or a warm start with a fresh span head from `minilm`, a REALM
+        pretraining reader (BertForMaskedLM folder: its BERT body) or any BERT folder."""
+        folder = minilm_dir() if spec == MINILM else Path(spec)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"unknown reader {spec!r}: expected 'minilm', a saved QA reader or a BERT folder")
+        bert = BertModel.from_pretrained(str(folder), add_pooling_layer=False, attn_implementation="sdpa",
+                                         dtype=torch.float32)  # fp32 master weights, as for the towers
+        if (folder / READER_META).is_file():
+            meta = json.loads((folder / READER_META).read_text())
+            span_hidden, max_span_width = meta["span_hidden"], meta["max_span_width"]
+        torch.manual_seed(READER_SEED)  # the same fresh head on every run
+        reader = cls(bert, load_tokenizer(folder), span_hidden, max_span_width)
+        if (folder / SPAN_HEAD_FILE).is_file():
+            reader.span_head.load_state_dict(load_file(folder / SPAN_HEAD_FILE))
+        return reader
+
+    def save(self, folder: str | Path) -> None:
+        def write(tmp: Path) -> None:
+            self.bert.save_pretrained(str(tmp))
+            self.tokenizer.save_pretrained(str(tmp))
+            save_file({k: v.contiguous() for k, v in self.span_head.state_dict().items()}, tmp / SPAN_HEAD_FILE)
+            meta = {"span_hidden": self.span_head.norm.normalized_shape[0], "max_span_width": self.max_span_width}
+            (tmp / READER_META).write_text(json.dumps(meta) + "\n")
+
+        write_dir_atomic(Path(folder), write)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor,
+                starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """(N, L) inputs and (N, S) span boundaries -> (N, S) span scores."""
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                           token_type_ids=token_type_ids).last_hidden_state  # (N, L, H)
+        return self.span_head(hidden, starts, ends).float()
+
+
+@dataclass(frozen=True)
+class BlockSpans:
+    """A block body tokenised for the reader, and its candidate spans (whole words, at most W words...
+    measured in wordpieces as in the paper)."""
+
+    ids: list[int]
+    char_offsets: list[tuple[int, int]]
+    spans: list[tuple[int, int]]  # (first, last) body token index, inclusive
+
+    def text(self, body: str, span: tuple[int, int]) -> str:
+        return body[self.char_offsets[span[0]][0] : self.char_offsets[span[1]][1]]
+
+    def char_span(self, span: tuple[int, int]) -> tuple[int, int]:
+        return self.char_offsets[span[0]][0], self.char_offsets[span[1]][1]
+
+
+def block_spans(tokenizer: PreTrainedTokenizerBase, body: str, max_tokens: int, max_width: int) -> BlockSpans:
+    """Spans start at a word's first wordpiece, end at a word's last, and cover at most `max_width` wordpieces."""
+    encoding = tokenizer(body, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
+                         max_length=max_tokens)
+    ids, offsets, words = encoding["input_ids"], encoding["offset_mapping"], encoding.word_ids()
+    starts = [i for i in range(len(ids)) if i == 0 or words[i] != words[i - 1]]
+    ends = {i for i in range(len(ids)) if i == len(ids) - 1 or words[i] != words[i + 1]}
+    spans = [(i, j) for i in starts for j in range(i, min(len(ids), i + max_width)) if j in ends]
+    return BlockSpans(ids, [tuple(o) for o in offsets], spans)
+
+
+def matching_spans(body: str, spans: BlockSpans, example: QAExample) -> list[bool]:
+    """Which spans' text is a reference answer (skips the work when the block holds no answer at all)."""
+    if not has_answer(body, example):
+        return [False] * len(spans.spans)
+    return [is_exact_match(spans.text(body, s), example) for s in spans.spans]
+
+
+@dataclass
+class ReaderBatch:
+    inputs: dict[str, torch.Tensor]  # (N, L) [CLS] x [SEP] body [SEP], N = B * K
+    starts: torch.Tensor  # (N, S) token positions in the reader input
+    ends: torch.Tensor  # (N, S)
+    span_valid: torch.Tensor  # (N, S) bool
+
+    def to(self, device: torch.device) -> ReaderBatch:
+        return ReaderBatch({k: v.to(device) for k, v in self.inputs.items()}, self.starts.to(device),
+                           self.ends.to(device), self.span_valid.to(device))
+
+
+def reader_batch(tokenizer: PreTrainedTokenizerBase, question_ids: list[list[int]], blocks: list[list[BlockSpans]]) -> ReaderBatch:
+    """question_ids (B) without special tokens; blocks (B, K) -> reader inputs for every (question, block)."""
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    ids, types, span_rows = [], [], []
+    for question, row in zip(question_ids, blocks):
+        for block in row:
+            offset = len(question) + 2  # body token i sits at offset + i
+            ids.append([cls, *question, sep, *block.ids, sep])
+            types.append([0] * offset + [1] * (len(block.ids) + 1))
+            span_rows.append([(offset + i, offset + j) for i, j in block.spans])
+    width = max(1, max(len(r) for r in span_rows))
+    starts = torch.zeros(len(span_rows), width, dtype=torch.long)
+    ends = torch.zeros(len(span_rows), width, dtype=torch.long)
+    valid = torch.zeros(len(span_rows), width, dtype=torch.bool)
+    for n, row in enumerate(span_rows):
+        if row:
+            starts[n, : len(row)] = torch.tensor([s for s, _ in row])
+            ends[n, : len(row)] = torch.tensor([e for _, e in row])
+            valid[n, : len(row)] = True
+    return ReaderBatch(pad_batch(ids, types, tokenizer.pad_token_id), starts, ends, valid)
+
+
+MASKED = -1e4  # a finite "log 0": rows with nothing valid must not turn gradients into NaN
+
+
+def span_log_probs(span_scores: torch.Tensor, span_valid: torch.Tensor) -> torch.Tensor:
+    """log p(s | z, x): softmax over each block's valid spans -> (N, S), -inf at padding."""
+    return torch.log_softmax(span_scores.masked_fill(~span_valid, MASKED), dim=-1).masked_fill(~span_valid, float("-inf"))
