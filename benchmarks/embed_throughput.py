@@ -52,8 +52,14 @@ def sample_blocks(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
 def naive_embed(tower: Tower, tokenizer, titles, bodies, batch_size: int = 32) -> np.ndarray:
     out = []
     for i in range(0, len(titles), batch_size):
-        batch = tokenizer(titles[i : i + batch_size], bodies[i : i + batch_size], padding="max_length",
-                          truncation="only_second", max_length=MAX_TOKENS, return_tensors="pt")
+        batch = tokenizer(
+            titles[i : i + batch_size],
+            bodies[i : i + batch_size],
+            padding="max_length",
+            truncation="only_second",
+            max_length=MAX_TOKENS,
+            return_tensors="pt",
+        )
         out.append(tower(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).numpy())
     return np.concatenate(out)
 
@@ -77,13 +83,17 @@ def main() -> None:
     retriever = Retriever.load("minilm", RetrieverConfig(pooling="mean"))
     tokenizer = retriever.tokenizer
     lengths = [len(r) for r in tokenizer(titles, bodies)["input_ids"]]
-    print(f"{len(titles)} blocks of the dev corpus, {np.mean(lengths):.0f} wordpieces on average "
-          f"(max {max(lengths)}), torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"{len(titles)} blocks of the dev corpus, {np.mean(lengths):.0f} wordpieces on average "
+        f"(max {max(lengths)}), torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
 
     eager = copy.deepcopy(retriever.doc_tower).eval()
     eager.bert = BertModel.from_pretrained(str(minilm_dir()), add_pooling_layer=False, attn_implementation="eager")
     corpus = CorpusConfig(max_block_tokens=MAX_TOKENS)
-    bucketed_fp32 = BlockEmbedder(retriever.doc_tower, tokenizer, corpus, EmbedConfig(batch_size=32, compute_dtype="fp32"))
+    bucketed_fp32 = BlockEmbedder(
+        retriever.doc_tower, tokenizer, corpus, EmbedConfig(batch_size=32, compute_dtype="fp32")
+    )
     ours = BlockEmbedder(retriever.doc_tower, tokenizer, corpus, EmbedConfig(batch_size=32, compute_dtype="auto"))
     variants = {
         "naive HF loop: fp32, eager, padded to 288": lambda: naive_embed(eager, tokenizer, titles, bodies),
@@ -95,8 +105,11 @@ def main() -> None:
         rate, vectors = timed(fn, len(titles), args.rounds)
         if reference is None:
             reference = vectors
-        cosine = float(np.mean(np.sum(vectors * reference, 1) /
-                               (np.linalg.norm(vectors, axis=1) * np.linalg.norm(reference, axis=1))))
+        cosine = float(
+            np.mean(
+                np.sum(vectors * reference, 1) / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(reference, axis=1))
+            )
+        )
         rows.append((name, rate, cosine))
     base = rows[0][1]
     print("\n| variant | blocks/s | vs naive | mean cosine to naive |\n|---|---:|---:|---:|")

@@ -38,30 +38,43 @@ def main() -> None:
     preset = get_preset(args.preset)
     store = BlockStore(args.corpus)
     held_out = SentenceSet(build_sentences(store, progress=False), preset.pretrain.held_out_fraction, held_out=True)
-    print(f"{len(held_out)} held-out sentences from {len(set(held_out.doc_ids))} documents "
-          f"(held-out fraction {preset.pretrain.held_out_fraction})")
+    print(
+        f"{len(held_out)} held-out sentences from {len(set(held_out.doc_ids))} documents "
+        f"(held-out fraction {preset.pretrain.held_out_fraction})"
+    )
     k = preset.pretrain.num_candidates
     realm_run = Path(args.realm_run)
 
     def evaluate(retriever: str, reader: str, index: MipsIndex | None) -> dict:
         model = RealmModel(Retriever.load(retriever, preset.retriever), Reader.load(reader))
-        return masked_span_accuracy(model, held_out, store, index, k, preset.retriever.query_max_tokens,
-                                    preset.pretrain.max_masks, limit=args.limit)
+        return masked_span_accuracy(
+            model,
+            held_out,
+            store,
+            index,
+            k,
+            preset.retriever.query_max_tokens,
+            preset.pretrain.max_masks,
+            limit=args.limit,
+        )
 
     rows = {
         "(a) warm-start reader, null document only": evaluate("minilm", "minilm", None),
         "(b) masked-LM, null document only, same budget": evaluate("minilm", str(Path(args.null_run) / "reader"), None),
         "(c) REALM reader, null document only": evaluate(str(realm_run / "retriever"), str(realm_run / "reader"), None),
         f"(c) REALM, retrieval ({k} candidates incl. null)": evaluate(
-            str(realm_run / "retriever"), str(realm_run / "reader"), MipsIndex(realm_run / "index")),
+            str(realm_run / "retriever"), str(realm_run / "reader"), MipsIndex(realm_run / "index")
+        ),
     }
     base = rows["(a) warm-start reader, null document only"]["token_accuracy"]
     print("\n| model | token acc. % | whole-span acc. % | vs (a) | mean p(null) | retrieval utility |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
         ratio = f"{r['token_accuracy'] - base:+.2f} pts"
-        print(f"| {name} | {r['token_accuracy']:.2f} | {r['span_accuracy']:.2f} | {ratio} | {r['p_null']:.3f} | "
-              f"{r['utility']:+.3f} |")
+        print(
+            f"| {name} | {r['token_accuracy']:.2f} | {r['span_accuracy']:.2f} | {ratio} | {r['p_null']:.3f} | "
+            f"{r['utility']:+.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import tempfile
 from pathlib import Path
 
 from realm.config import get_preset
 from realm.index.mips import MipsIndex
 from realm.recipes.pretrain import train_pretrain
+from realm.training import read_metrics
 
 
 def steps_per_second(run: Path, skip: int) -> tuple[float, int]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run)
     rows = [r for r in rows if r["step"] > skip]
     versions = {r.get("index_version") for r in rows}
     return (rows[-1]["step"] - rows[0]["step"]) / (rows[-1]["time"] - rows[0]["time"]), len(versions)
@@ -39,12 +39,27 @@ def main() -> None:
     preset = get_preset("cpu")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, every in (("frozen index (baseline)", 0), (f"refreshing, snapshot every {args.refresh_every}", args.refresh_every)):
-            config = dataclasses.replace(preset.pretrain, steps=args.steps, refresh_every=every, log_every=1,
-                                         checkpoint_every=10**9, retriever_frozen_steps=0)  # snapshot from the start
+        for name, every in (
+            ("frozen index (baseline)", 0),
+            (f"refreshing, snapshot every {args.refresh_every}", args.refresh_every),
+        ):
+            config = dataclasses.replace(
+                preset.pretrain,
+                steps=args.steps,
+                refresh_every=every,
+                log_every=1,
+                checkpoint_every=10**9,
+                retriever_frozen_steps=0,
+            )  # snapshot from the start
             out = Path(tmp) / str(every)
-            train_pretrain(Path(args.corpus), out, args.retriever, "minilm", dataclasses.replace(preset, pretrain=config),
-                           progress=False)
+            train_pretrain(
+                Path(args.corpus),
+                out,
+                args.retriever,
+                "minilm",
+                dataclasses.replace(preset, pretrain=config),
+                progress=False,
+            )
             rate, versions = steps_per_second(out, args.skip)
             results[name] = (rate, versions, MipsIndex(out / "index").version)
     base = next(iter(results.values()))[0]

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from realm.config import IndexConfig
-from realm.index.mips import MipsIndex, build_faiss, publish
+from realm.index.backends import build_faiss
+from realm.index.mips import MipsIndex, publish
 
 K = 10
 
@@ -45,22 +46,45 @@ def run(label: str, base: np.ndarray, queries: np.ndarray, backends: tuple[str, 
     exact = numpy_exact(base, queries, K)
     numpy_qps = len(queries) / (time.perf_counter() - start)
     rows.append((label, "numpy brute force (baseline)", "-", numpy_qps, 1.0, 1.0))
-    meta = dict(doc_tower_fingerprint="-", corpus_fingerprint="-", corpus_path="-", num_vectors=len(base),
-                dim=base.shape[1], retriever={}, storage_dtype="fp16", embed_seconds=0, build_seconds=0)
+    meta = dict(
+        doc_tower_fingerprint="-",
+        corpus_fingerprint="-",
+        corpus_path="-",
+        num_vectors=len(base),
+        dim=base.shape[1],
+        retriever={},
+        storage_dtype="fp16",
+        embed_seconds=0,
+        build_seconds=0,
+    )
     for backend in backends:
         start = time.perf_counter()
         index, params = build_faiss(base, dataclasses.replace(IndexConfig(), backend=backend))
         build = time.perf_counter() - start
         with tempfile.TemporaryDirectory() as folder:
-            publish(Path(folder), base.astype(np.float16), np.arange(len(base)), index,
-                    {**meta, "backend": backend, "params": params}, keep_versions=1)
+            publish(
+                Path(folder),
+                base.astype(np.float16),
+                np.arange(len(base)),
+                index,
+                {**meta, "backend": backend, "params": params},
+                keep_versions=1,
+            )
             mips = MipsIndex(folder)
             mips.search(queries[:10], K)  # warm up
             start = time.perf_counter()
             _, found = mips.search(queries, K)
             qps = len(queries) / (time.perf_counter() - start)
-        rows.append((label, f"faiss {backend} {params or ''}".strip(), f"{build:.1f}", qps, qps / numpy_qps,
-                     recall(found, exact)))
+        rows.append(
+            (
+                label,
+                f"faiss {backend} {params or ''}".strip(),
+                f"{build:.1f}",
+                qps,
+                qps / numpy_qps,
+                recall(found, exact),
+            )
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -69,8 +93,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--queries", type=int, default=1000)
-    parser.add_argument("--approx-sizes", default="100000,1000000",
-                        help="sizes at which hnsw and ivfpq are built too (hnsw at 1M takes ~25 min on 2 cores)")
+    parser.add_argument(
+        "--approx-sizes",
+        default="100000,1000000",
+        help="sizes at which hnsw and ivfpq are built too (hnsw at 1M takes ~25 min on 2 cores)",
+    )
     parser.add_argument("--approx", default="hnsw,ivfpq", help="approximate backends to measure")
     parser.add_argument("--index", help="also benchmark on this realm index's real embeddings")
     args = parser.parse_args()

@@ -42,11 +42,12 @@ from realm.data.qa_examples import load_qa
 from realm.data.sentences import split_sentences
 from realm.index.embed import BlockEmbedder
 from realm.index.mips import MipsIndex, build_index
+from realm.models.bert import random_bert
 from realm.models.ict import ICTModel
 from realm.models.mlm_reader import Reader
 from realm.models.orqa import QAModel
 from realm.models.realm import RealmModel
-from realm.models.retriever import Retriever, random_bert
+from realm.models.retriever import Retriever
 from realm.models.span_reader import SpanReader
 from realm.recipes.finetune_qa import make_qa_batch
 from realm.recipes.ict import make_ict_batch
@@ -79,9 +80,19 @@ def tokens(*inputs: dict[str, torch.Tensor]) -> int:
     return int(sum(int(x["attention_mask"].sum()) for x in inputs))
 
 
-def measure(name: str, model: torch.nn.Module, make: Callable[[int], tuple[object, int]],
-            loss_of: Callable[[object], torch.Tensor], lr: float, device: torch.device, dtype: torch.dtype,
-            warmup: int, steps: int, peak: float, extra: dict) -> dict:
+def measure(
+    name: str,
+    model: torch.nn.Module,
+    make: Callable[[int], tuple[object, int]],
+    loss_of: Callable[[object], torch.Tensor],
+    lr: float,
+    device: torch.device,
+    dtype: torch.dtype,
+    warmup: int,
+    steps: int,
+    peak: float,
+    extra: dict,
+) -> dict:
     """Time `steps` full steps (batch construction + forward/backward/optimiser) after `warmup` untimed ones."""
     optimizer = bert_optimizer(model, lr)
     scheduler = linear_schedule(optimizer, 10, 10_000)
@@ -116,11 +127,17 @@ def measure(name: str, model: torch.nn.Module, make: Callable[[int], tuple[objec
     step_s = statistics.median(d + c for d, c in zip(data_s, compute_s))
     flops = counter.get_total_flops()
     result = {
-        "trainer": name, **extra, "steps_per_s": round(1 / step_s, 3), "step_s": round(step_s, 4),
-        "data_s": round(statistics.median(data_s), 4), "compute_s": round(statistics.median(compute_s), 4),
+        "trainer": name,
+        **extra,
+        "steps_per_s": round(1 / step_s, 3),
+        "step_s": round(step_s, 4),
+        "data_s": round(statistics.median(data_s), 4),
+        "compute_s": round(statistics.median(compute_s), 4),
         "tokens_per_s": round(statistics.mean(token_counts) / step_s),
-        "tflop_per_step": round(flops / 1e12, 3), "tflop_per_s": round(flops / step_s / 1e12, 2),
-        "mfu": round(flops / step_s / peak, 4), "mfu_compute_only": round(flops / statistics.median(compute_s) / peak, 4),
+        "tflop_per_step": round(flops / 1e12, 3),
+        "tflop_per_s": round(flops / step_s / 1e12, 2),
+        "mfu": round(flops / step_s / peak, 4),
+        "mfu_compute_only": round(flops / statistics.median(compute_s) / peak, 4),
     }
     if device.type == "cuda":
         result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
@@ -154,9 +171,16 @@ def main() -> None:
     store = BlockStore(args.corpus)
     peak = matmul_peak(device)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    header = {"device": name, "torch": torch.__version__, "preset": preset.name, "model": args.model,
-              "compute_dtype": str(dtype), "bf16_matmul_tflops": round(peak / 1e12, 1), "blocks": len(store),
-              "max_block_tokens": store.config.max_block_tokens}
+    header = {
+        "device": name,
+        "torch": torch.__version__,
+        "preset": preset.name,
+        "model": args.model,
+        "compute_dtype": str(dtype),
+        "bf16_matmul_tflops": round(peak / 1e12, 1),
+        "blocks": len(store),
+        "max_block_tokens": store.config.max_block_tokens,
+    }
     print(json.dumps(header), flush=True)
     results: list[dict] = []
     trainers = args.trainers.split(",")
@@ -179,15 +203,28 @@ def main() -> None:
         synchronize(device)
         seconds = time.perf_counter() - started
         if "embed" in trainers:
-            row = {"trainer": "embed", "blocks": count, "batch": embed_config.batch_size,
-                   "blocks_per_s": round(count / seconds, 1), "tflop_per_s": round(flops_per_block * count / seconds / 1e12, 2),
-                   "mfu": round(flops_per_block * count / seconds / peak, 4)}
+            row = {
+                "trainer": "embed",
+                "blocks": count,
+                "batch": embed_config.batch_size,
+                "blocks_per_s": round(count / seconds, 1),
+                "tflop_per_s": round(flops_per_block * count / seconds / 1e12, 2),
+                "mfu": round(flops_per_block * count / seconds / peak, 4),
+            }
             print(json.dumps(row), flush=True)
             results.append(row)
         index = None
         if "realm" in trainers or "qa" in trainers:
-            build_index(store, embedder, retriever.doc_fingerprint(), Path(tmp) / "index", embed_config, preset.index,
-                        preset.retriever, progress=False)
+            build_index(
+                store,
+                embedder,
+                retriever.doc_fingerprint(),
+                Path(tmp) / "index",
+                embed_config,
+                preset.index,
+                preset.retriever,
+                progress=False,
+            )
             index = MipsIndex(Path(tmp) / "index", device=device.type)
         del embedder
 
@@ -199,44 +236,98 @@ def main() -> None:
 
             def make_ict(step: int):
                 rows = [usable[(step * cfg.batch_size + j) % len(usable)] for j in range(cfg.batch_size)]
-                query, docs = make_ict_batch(tokenizer, [titles[i] for i in rows], [bodies[i] for i in rows],
-                                             [example_rng(0, 0, i) for i in rows], cfg.remove_sentence_prob,
-                                             preset.retriever.query_max_tokens, store.config)
-                return ({k: v.to(device) for k, v in query.items()}, {k: v.to(device) for k, v in docs.items()}), \
-                    tokens(query, docs)
+                query, docs = make_ict_batch(
+                    tokenizer,
+                    [titles[i] for i in rows],
+                    [bodies[i] for i in rows],
+                    [example_rng(0, 0, i) for i in rows],
+                    cfg.remove_sentence_prob,
+                    preset.retriever.query_max_tokens,
+                    store.config,
+                )
+                return (
+                    {k: v.to(device) for k, v in query.items()},
+                    {k: v.to(device) for k, v in docs.items()},
+                ), tokens(query, docs)
 
-            results.append(measure("ict", model, make_ict, lambda b: model(*b)[0], cfg.lr, device, dtype,
-                                   args.warmup, args.steps, peak, {"batch": cfg.batch_size}))
+            results.append(
+                measure(
+                    "ict",
+                    model,
+                    make_ict,
+                    lambda b: model(*b)[0],
+                    cfg.lr,
+                    device,
+                    dtype,
+                    args.warmup,
+                    args.steps,
+                    peak,
+                    {"batch": cfg.batch_size},
+                )
+            )
             del model
 
         if "realm" in trainers:
             cfg = preset.pretrain
-            cfg = dataclasses.replace(cfg, masking="random-span", **({"batch_size": args.realm_batch} if args.realm_batch else {}),
-                                      **({"num_candidates": args.candidates} if args.candidates else {}))
+            cfg = dataclasses.replace(
+                cfg,
+                masking="random-span",
+                **({"batch_size": args.realm_batch} if args.realm_batch else {}),
+                **({"num_candidates": args.candidates} if args.candidates else {}),
+            )
             doc_ids, texts = split_sentences(store)
             sentences = SimpleNamespace(texts=texts, spans=[[]] * len(texts), doc_ids=doc_ids)
             block_doc_ids = np.array(store.column("doc_id"), dtype=object)
-            reader = Reader.load("random", preset.retriever.shape) if args.model == "random" else Reader.load(args.model)
+            reader = (
+                Reader.load("random", preset.retriever.shape) if args.model == "random" else Reader.load(args.model)
+            )
             model = RealmModel(retriever, reader).to(device).train()
             order = np.random.default_rng(0).permutation(len(texts))
 
             def make_realm(step: int):
                 rows = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]
-                batch = make_pretrain_batch(model, index, sentences, rows, 0, cfg, preset.retriever.query_max_tokens,
-                                            store, block_doc_ids, device, dtype)
+                batch = make_pretrain_batch(
+                    model,
+                    index,
+                    sentences,
+                    rows,
+                    0,
+                    cfg,
+                    preset.retriever.query_max_tokens,
+                    store,
+                    block_doc_ids,
+                    device,
+                    dtype,
+                )
                 return batch, tokens(batch.query, batch.docs, batch.reader)
 
-            results.append(measure("realm", model, make_realm, lambda b: model(b)[0], cfg.lr, device, dtype,
-                                   args.warmup, args.steps, peak,
-                                   {"batch": cfg.batch_size, "candidates": cfg.num_candidates}))
+            results.append(
+                measure(
+                    "realm",
+                    model,
+                    make_realm,
+                    lambda b: model(b)[0],
+                    cfg.lr,
+                    device,
+                    dtype,
+                    args.warmup,
+                    args.steps,
+                    peak,
+                    {"batch": cfg.batch_size, "candidates": cfg.num_candidates},
+                )
+            )
             del model, reader
 
         if "qa" in trainers and args.qa:
             cfg = dataclasses.replace(preset.qa, **({"batch_size": args.qa_batch} if args.qa_batch else {}))
             examples = load_qa(args.qa)
             if args.model == "random":
-                span_reader = SpanReader(random_bert(preset.retriever.shape, len(tokenizer), 0), tokenizer,
-                                         cfg.span_hidden, cfg.max_span_width)
+                span_reader = SpanReader(
+                    random_bert(preset.retriever.shape, len(tokenizer), 0),
+                    tokenizer,
+                    cfg.span_hidden,
+                    cfg.max_span_width,
+                )
             else:
                 span_reader = SpanReader.load(args.model, cfg.span_hidden, cfg.max_span_width)
             model = QAModel(retriever, span_reader).to(device).train()
@@ -247,9 +338,21 @@ def main() -> None:
                 batch = make_qa_batch(model, part, index, store, k, cfg.beam).to(device)
                 return batch, tokens(batch.query, batch.reader.inputs)
 
-            results.append(measure("qa", model, make_qa, lambda b: model(b)[0], cfg.lr, device, dtype,
-                                   args.warmup, args.steps, peak,
-                                   {"batch": cfg.batch_size, "top_k": k, "beam": cfg.beam}))
+            results.append(
+                measure(
+                    "qa",
+                    model,
+                    make_qa,
+                    lambda b: model(b)[0],
+                    cfg.lr,
+                    device,
+                    dtype,
+                    args.warmup,
+                    args.steps,
+                    peak,
+                    {"batch": cfg.batch_size, "top_k": k, "beam": cfg.beam},
+                )
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({**header, "results": results}, indent=2) + "\n")
 

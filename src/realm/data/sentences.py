@@ -87,9 +87,14 @@ def split_sentences(store: BlockStore) -> tuple[list[str], list[str]]:
     return doc_ids, texts
 
 
+def sentences_path(store: BlockStore) -> Path:
+    """Where a corpus's tagged sentences are cached: beside its blocks."""
+    return store.folder / SENTENCES_FILE
+
+
 def build_sentences(store: BlockStore, progress: bool = True) -> Path:
     """Tag the corpus once; the cache is keyed by the corpus fingerprint and the tagger."""
-    path = store.folder / SENTENCES_FILE
+    path = sentences_path(store)
     key = {"corpus_fingerprint": store.fingerprint, "tagger": SPACY_MODEL, "date_pattern": DATE_PATTERN.pattern}
     if path.exists():
         with pa.memory_map(str(path)) as source:

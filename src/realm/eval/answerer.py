@@ -7,7 +7,6 @@ The answer is the string with the highest p(y | x); each block's evidence says h
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +19,12 @@ from realm.index.mips import MipsIndex
 from realm.index.search import BM25Searcher, Searcher, SearchHit
 from realm.models.orqa import QAModel, marginal_answer_log_likelihood
 from realm.models.retriever import Retriever
-from realm.models.span_reader import BlockSpans, matching_spans, reader_batch, span_log_probs
+from realm.models.span_reader import (
+    BlockSpans,
+    matching_spans,
+    reader_batch,
+    span_log_probs,
+)
 
 SPANS_PER_BLOCK = 32  # spans per block considered as answer strings at prediction time
 
@@ -47,8 +51,9 @@ class Answer:
         return asdict(self)
 
 
-def compose_answer(question: str, hits: Sequence[SearchHit], blocks: Sequence[BlockSpans], log_pz: torch.Tensor,
-                   log_ps: torch.Tensor) -> Answer:
+def compose_answer(
+    question: str, hits: Sequence[SearchHit], blocks: Sequence[BlockSpans], log_pz: torch.Tensor, log_ps: torch.Tensor
+) -> Answer:
     """The answer string with the highest marginal p(y | x) among each block's top spans, with its evidence.
     log_pz (K,); log_ps (K, S)."""
     pz = log_pz.exp().tolist()
@@ -64,16 +69,16 @@ def compose_answer(question: str, hits: Sequence[SearchHit], blocks: Sequence[Bl
                 text = spans.text(hit.text, spans.spans[s])
                 key = normalize_answer(text)
                 if key:
-                    mass, best = found.get(key, (0.0, spans.char_span(spans.spans[s])))
-                    found[key] = (mass + float(np.exp(lp)), best)
+                    mass, first = found.get(key, (0.0, spans.char_span(spans.spans[s])))
+                    found[key] = (mass + float(np.exp(lp)), first)
                     shown.setdefault(key, text)
         for key, (mass, _) in found.items():
             totals[key] = totals.get(key, 0.0) + pz[z] * mass
         per_block.append(found)
-    best = max(totals, key=totals.get) if totals else ""
+    best = max(totals, key=lambda answer: totals[answer]) if totals else ""
     evidence = []
     for z, hit in enumerate(hits):
-        mass, span = per_block[z].get(best, (0.0, None))
+        mass, span = per_block[z].get(best, (0.0, None))  # type: ignore[arg-type]  # (0, None): not in this block
         evidence.append(Evidence(hit.block_id, hit.doc_id, hit.title, hit.text, pz[z], pz[z] * mass, span))
     return Answer(question, shown.get(best, ""), totals.get(best, 0.0), evidence)
 
@@ -82,15 +87,22 @@ class Answerer:
     """Questions in, answers with evidence out: a searcher (dense REALM retrieval, or BM25 with a uniform
     p(z | x) since its scores are not retrieval logits) and the span reader, batched."""
 
-    def __init__(self, model: QAModel, searcher: Searcher, k: int, max_block_tokens: int, batch_size: int = 8,
-                 dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        model: QAModel,
+        searcher: Searcher,
+        k: int,
+        max_block_tokens: int,
+        batch_size: int = 8,
+        dtype: torch.dtype = torch.float32,
+    ):
         self.model = model.eval()
         self.searcher = searcher
         self.k = k
         self.max_block_tokens = max_block_tokens
         self.batch_size = batch_size
         self.dtype = dtype
-        self.uniform_prior = isinstance(searcher, BM25Searcher)
+        self.uniform_prior = not searcher.scores_are_retrieval_logits
 
     def ask(self, questions: Sequence[str]) -> list[Answer]:
         answers = []
@@ -123,9 +135,11 @@ class Answerer:
             row = 0
             for b in asked:
                 k = len(hits[b])
-                answers[b] = compose_answer(questions[b], hits[b], blocks[b], self._log_pz(hits[b]), log_ps[row : row + k])
+                answers[b] = compose_answer(
+                    questions[b], hits[b], blocks[b], self._log_pz(hits[b]), log_ps[row : row + k]
+                )
                 row += k
-        return answers
+        return [answer for answer in answers if answer is not None]  # every question has one by now
 
     @torch.inference_mode()
     def reference_probability(self, example: QAExample) -> float:
@@ -151,17 +165,25 @@ def open_searcher(index: MipsIndex, kind: str, retriever: Retriever, corpus: str
     return BM25Searcher(store) if kind == "bm25" else DenseSearcher(index, retriever, store)
 
 
-def load_answerer(model_spec: str, index_dir: str | Path, preset, retriever: str = "dense", k: int | None = None,
-                  corpus: str | Path | None = None, version: int | None = None) -> Answerer:
+def load_answerer(
+    model_spec: str,
+    index_dir: str | Path,
+    preset,
+    retriever: str = "dense",
+    k: int | None = None,
+    corpus: str | Path | None = None,
+    version: int | None = None,
+) -> Answerer:
     """Model + index version (default: CURRENT) -> an Answerer. `retriever="bm25"` keeps the reader and swaps
     in BM25 over the same blocks."""
     from realm.common.device import default_device, resolve_compute_dtype
 
     index = MipsIndex(index_dir, version)
-    config = dataclasses.replace(preset.retriever, **index.meta.retriever)  # pooling etc. of the index's model
+    config = index.retriever_config(preset.retriever)  # pooling etc. of the index's model
     model = QAModel.load(model_spec, config, preset.qa.span_hidden, preset.qa.max_span_width)
     searcher = open_searcher(index, retriever, model.retriever, corpus)
     device = default_device()
     dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
-    return Answerer(model.to(device), searcher, k or preset.qa.top_k, index.corpus(corpus).config.max_block_tokens,
-                    dtype=dtype)
+    return Answerer(
+        model.to(device), searcher, k or preset.qa.top_k, index.corpus(corpus).config.max_block_tokens, dtype=dtype
+    )

@@ -24,9 +24,17 @@ EVAL_SEED = 12345
 
 
 @torch.no_grad()
-def _scored(model: RealmModel, sentences: SentenceSet, store: BlockStore, index: MipsIndex | None,
-            num_candidates: int, query_max_tokens: int, max_masks: int, limit: int | None,
-            batch_size: int) -> Iterator[tuple[list[MaskedQuery], RealmBatch, dict[str, torch.Tensor]]]:
+def _scored(
+    model: RealmModel,
+    sentences: SentenceSet,
+    store: BlockStore,
+    index: MipsIndex | None,
+    num_candidates: int,
+    query_max_tokens: int,
+    max_masks: int,
+    limit: int | None,
+    batch_size: int,
+) -> Iterator[tuple[list[MaskedQuery], RealmBatch, dict[str, torch.Tensor]]]:
     """The model's statistics on the first `limit` sentences, each with its seeded salient mask, in batches."""
     model.eval()
     tokenizer = model.retriever.tokenizer
@@ -35,13 +43,24 @@ def _scored(model: RealmModel, sentences: SentenceSet, store: BlockStore, index:
     try:
         for start in range(0, n, batch_size):
             rows = range(start, min(start + batch_size, n))
-            queries = [mask_sentence(sentences.texts[i], sentences.spans[i], "salient", tokenizer, query_max_tokens,
-                                     max_masks, example_rng(EVAL_SEED, 0, i)) for i in rows]
+            queries = [
+                mask_sentence(
+                    sentences.texts[i],
+                    sentences.spans[i],
+                    "salient",
+                    tokenizer,
+                    query_max_tokens,
+                    max_masks,
+                    example_rng(EVAL_SEED, 0, i),
+                )
+                for i in rows
+            ]
             retrieved = np.empty((len(queries), 0), dtype=np.int64)
             if index is not None and num_candidates > 1:
                 query, *_ = pad_queries(queries, tokenizer.pad_token_id)
-                retrieved = retrieve(model, index, query, block_doc_ids, [sentences.doc_ids[i] for i in rows],
-                                     num_candidates - 1)
+                retrieved = retrieve(
+                    model, index, query, block_doc_ids, [sentences.doc_ids[i] for i in rows], num_candidates - 1
+                )
             batch = make_batch(queries, retrieved, store, tokenizer, store.config)
             _, stats = model(batch)
             yield queries, batch, stats
@@ -49,14 +68,23 @@ def _scored(model: RealmModel, sentences: SentenceSet, store: BlockStore, index:
         model.train()
 
 
-def masked_span_accuracy(model: RealmModel, sentences: SentenceSet, store: BlockStore, index: MipsIndex | None,
-                         num_candidates: int, query_max_tokens: int, max_masks: int = 10, limit: int | None = None,
-                         batch_size: int = 16) -> dict[str, float]:
+def masked_span_accuracy(
+    model: RealmModel,
+    sentences: SentenceSet,
+    store: BlockStore,
+    index: MipsIndex | None,
+    num_candidates: int,
+    query_max_tokens: int,
+    max_masks: int = 10,
+    limit: int | None = None,
+    batch_size: int = 16,
+) -> dict[str, float]:
     """Token accuracy, whole-span accuracy, mean p(null) and mean retrieval utility over the sentences."""
     tokens = correct_tokens = spans = correct_spans = 0
     p_null = utility = 0.0
-    for queries, batch, stats in _scored(model, sentences, store, index, num_candidates, query_max_tokens, max_masks,
-                                         limit, batch_size):
+    for queries, batch, stats in _scored(
+        model, sentences, store, index, num_candidates, query_max_tokens, max_masks, limit, batch_size
+    ):
         hits = stats["correct"]  # (B, M) bool, False on padding
         valid = batch.mask_valid
         tokens += int(valid.sum())
@@ -65,8 +93,13 @@ def masked_span_accuracy(model: RealmModel, sentences: SentenceSet, store: Block
         correct_spans += int((hits | ~valid).all(dim=1).sum())
         p_null += stats["p_null"].item() * len(queries)
         utility += stats["utility"].item() * len(queries)
-    return {"token_accuracy": 100 * correct_tokens / tokens, "span_accuracy": 100 * correct_spans / spans,
-            "p_null": p_null / spans, "utility": utility / spans, "sentences": spans}
+    return {
+        "token_accuracy": 100 * correct_tokens / tokens,
+        "span_accuracy": 100 * correct_spans / spans,
+        "p_null": p_null / spans,
+        "utility": utility / spans,
+        "sentences": spans,
+    }
 
 
 @dataclass(frozen=True)
@@ -87,16 +120,26 @@ class WorkedExample:
         return asdict(self)
 
 
-def worked_examples(model: RealmModel, sentences: SentenceSet, store: BlockStore, index: MipsIndex,
-                    num_candidates: int, query_max_tokens: int, max_masks: int = 10, pool: int = 200,
-                    count: int = 3, batch_size: int = 16) -> list[WorkedExample]:
+def worked_examples(
+    model: RealmModel,
+    sentences: SentenceSet,
+    store: BlockStore,
+    index: MipsIndex,
+    num_candidates: int,
+    query_max_tokens: int,
+    max_masks: int = 10,
+    pool: int = 200,
+    count: int = 3,
+    batch_size: int = 16,
+) -> list[WorkedExample]:
     """Of the first `pool` held-out sentences, the `count` where the top retrieved block raises p(answer)
     the most (log p(y|z_top,x) minus log p(y|null,x)), so the block shown is the evidence that helped:
     the paper's Table 3 picks such examples too."""
     tokenizer = model.retriever.tokenizer
     scored: list[tuple[float, WorkedExample]] = []
-    for queries, batch, stats in _scored(model, sentences, store, index, num_candidates, query_max_tokens, max_masks,
-                                         pool, batch_size):
+    for queries, batch, stats in _scored(
+        model, sentences, store, index, num_candidates, query_max_tokens, max_masks, pool, batch_size
+    ):
         log_pz, token_lp, valid = stats["log_pz"], stats["token_log_probs"], batch.mask_valid.float()  # (B,K) (B,K,M)
         null = (token_lp[:, 0] * valid).sum(-1)  # (B,) log prod_j p(y_j | null, x)
         top = (token_lp[:, 1] * valid).sum(-1) if token_lp.size(1) > 1 else null
@@ -107,10 +150,15 @@ def worked_examples(model: RealmModel, sentences: SentenceSet, store: BlockStore
         for b, query in enumerate(queries):
             block = blocks.get(top_ids[b])
             example = WorkedExample(
-                masked_sentence=tokenizer.decode(query.input_ids[1:-1]), answer=tokenizer.decode(query.targets),
-                top_block_title=block.title if block else "", top_block_text=block.body if block else "",
-                p_top_block=float(log_pz[b, 1].exp()) if block else 0.0, p_without_retrieval=float(null[b].exp()),
-                p_with_top_block=float(top[b].exp()), p_marginal=float(marginal[b].exp()))
+                masked_sentence=str(tokenizer.decode(query.input_ids[1:-1])),
+                answer=str(tokenizer.decode(query.targets)),
+                top_block_title=block.title if block else "",
+                top_block_text=block.body if block else "",
+                p_top_block=float(log_pz[b, 1].exp()) if block else 0.0,
+                p_without_retrieval=float(null[b].exp()),
+                p_with_top_block=float(top[b].exp()),
+                p_marginal=float(marginal[b].exp()),
+            )
             scored.append((float(top[b] - null[b]), example))
     scored.sort(key=lambda pair: -pair[0])
     return [example for _, example in scored[:count]]

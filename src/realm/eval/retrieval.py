@@ -8,7 +8,9 @@ from realm.data.qa_examples import QAExample, has_answer
 from realm.index.search import SearchHit
 
 
-def recall_at_k(examples: Sequence[QAExample], hits: Sequence[Sequence[SearchHit]], ks: Sequence[int]) -> dict[str, float]:
+def recall_at_k(
+    examples: Sequence[QAExample], hits: Sequence[Sequence[SearchHit]], ks: Sequence[int]
+) -> dict[str, float]:
     """Percent of questions with an answer-bearing block among the top k, for each k."""
     if len(examples) != len(hits):
         raise ValueError(f"{len(examples)} examples but {len(hits)} result lists")

@@ -7,16 +7,26 @@ and bf16 weights use the CPU's AVX-512-BF16/AMX units (about 3x the fp32 matmul 
 from __future__ import annotations
 
 import copy
+import json
+import logging
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from realm.common.device import default_device, resolve_compute_dtype
+from realm.common.io import save_npy_atomic, write_json_atomic
 from realm.config import CorpusConfig, EmbedConfig
+from realm.data.blocks import BlockStore
+from realm.index.backends import MipsIndexError
 from realm.models.inputs import encode_blocks, pad_batch
 from realm.models.retriever import Tower
+
+log = logging.getLogger(__name__)
 
 
 class BlockEmbedder:
@@ -51,3 +61,47 @@ class BlockEmbedder:
             if on_batch is not None:
                 on_batch(len(rows))
         return out
+
+
+def embed_corpus(
+    store: BlockStore,
+    embedder: BlockEmbedder,
+    doc_fingerprint: str,
+    work_dir: Path,
+    embed_config: EmbedConfig,
+    progress: bool = True,
+) -> np.ndarray:
+    """(N, D) float32 embeddings of every block, saved shard by shard under `work_dir` so that an
+    interrupted build resumes where it stopped (only with the same tower, corpus and dtypes)."""
+    manifest = {
+        "doc_tower_fingerprint": doc_fingerprint,
+        "corpus_fingerprint": store.fingerprint,
+        "shard_size": embed_config.shard_size,
+        "storage_dtype": embed_config.storage_dtype,
+        "compute_dtype": str(embedder.dtype),
+    }
+    manifest_path = work_dir / "manifest.json"
+    if manifest_path.exists() and json.loads(manifest_path.read_text()) != manifest:
+        log.info("discarding shards of an earlier build with other settings in %s", work_dir)
+        shutil.rmtree(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(manifest_path, manifest)
+
+    n, size = len(store), embed_config.shard_size
+    storage = np.float16 if embed_config.storage_dtype == "fp16" else np.float32
+    shards = []
+    with tqdm(total=n, desc="embedding blocks", unit="block", disable=not progress, smoothing=0.05) as bar:
+        for number, start in enumerate(range(0, n, size)):
+            path = work_dir / f"shard_{number:05d}.npy"
+            stop = min(start + size, n)
+            if path.exists():
+                shard = np.load(path)
+                if shard.shape[0] != stop - start:
+                    raise MipsIndexError(f"{path}: {shard.shape[0]} rows, expected {stop - start}; delete {work_dir}")
+                bar.update(stop - start)
+            else:
+                titles, bodies = store.slice(start, stop)
+                shard = embedder.embed(titles, bodies, on_batch=bar.update).astype(storage)
+                save_npy_atomic(path, shard)
+            shards.append(shard)
+    return np.concatenate(shards).astype(np.float32)

@@ -2,9 +2,12 @@
 (another process, possibly another machine on a shared filesystem) re-embeds the corpus with the newest
 one and publishes a new index version; the trainer switches to it between steps without pausing.
 
-    trainer                                  builder (`realm index refresh --watch SNAPSHOTS ...`)
+    trainer                                  builder (`python -m realm.index.refresh --config builder.json ...`)
     every N steps: snapshots/step-000500/ -> sees a snapshot newer than its index, embeds, publishes v7
     between steps: CURRENT says v7        <- (atomic CURRENT switch)
+
+The builder receives the trainer's exact embed/index settings as JSON (`BuilderConfig`, saved as
+`<run>/builder.json`), so every version in the index folder is built the way the first one was.
 """
 
 from __future__ import annotations
@@ -13,14 +16,17 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from realm.common.io import write_json_atomic
 from realm.config import EmbedConfig, IndexConfig, RetrieverConfig
 from realm.data.blocks import BlockStore
 from realm.index.embed import BlockEmbedder
-from realm.index.mips import IndexMeta, build_index, current_version
+from realm.index.mips import IndexMeta, build_index, current_version, version_dir
 from realm.models.retriever import Retriever
 
 log = logging.getLogger(__name__)
@@ -54,6 +60,54 @@ class RefreshPolicy:
         return published_version is not None and published_version != loaded_version
 
 
+@dataclass(frozen=True)
+class BuilderConfig:
+    """Everything the index builder needs, as the trainer resolved it: how to embed, which index to build,
+    the retriever settings, and how often the trainer snapshots (0: never rebuild)."""
+
+    embed: EmbedConfig
+    index: IndexConfig
+    retriever: RetrieverConfig
+    refresh_every: int
+
+    def save(self, path: Path) -> None:
+        write_json_atomic(Path(path), asdict(self))
+
+    @classmethod
+    def load(cls, path: Path) -> BuilderConfig:
+        data = json.loads(Path(path).read_text())
+        return cls(
+            EmbedConfig(**data["embed"]),
+            IndexConfig(**data["index"]),
+            RetrieverConfig.from_dict(data["retriever"]),
+            data["refresh_every"],
+        )
+
+
+def start_builder(run_dir: Path, corpus: Path, config: BuilderConfig, threads: int = 1) -> subprocess.Popen:
+    """The builder as its own process, following `run_dir/snapshots` into `run_dir/index` with `config`
+    (saved as run_dir/builder.json); it logs to run_dir/builder.log and exits with the process that started it."""
+    config.save(run_dir / "builder.json")
+    cmd = [
+        sys.executable,
+        "-m",
+        "realm.index.refresh",
+        "--config",
+        str(run_dir / "builder.json"),
+        "--watch",
+        str(run_dir / "snapshots"),
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(run_dir / "index"),
+        "--threads",
+        str(threads),
+        "--exit-with-parent",
+    ]
+    handle = open(run_dir / "builder.log", "a")
+    return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)
+
+
 def save_snapshot(retriever: Retriever, snapshots_dir: Path, step: int, keep: int = 2) -> Path:
     """Publish the retriever at `step` (complete folders only: Retriever.save swaps them in atomically)."""
     folder = Path(snapshots_dir) / f"step-{step:08d}"
@@ -81,23 +135,51 @@ def index_source_step(index_dir: Path) -> int | None:
     version = current_version(index_dir)
     if version is None:
         return None
-    meta = json.loads((Path(index_dir) / "versions" / f"v{version:06d}" / "meta.json").read_text())
+    meta = json.loads((version_dir(index_dir, version) / "meta.json").read_text())
     return meta.get("checkpoint_step")
 
 
-def build_from_retriever(retriever: Retriever, store: BlockStore, index_dir: Path, embed: EmbedConfig,
-                         index: IndexConfig, step: int, snapshot_time: float, progress: bool = False) -> IndexMeta:
+def build_from_retriever(
+    retriever: Retriever,
+    store: BlockStore,
+    index_dir: Path,
+    embed: EmbedConfig,
+    index: IndexConfig,
+    step: int | None = None,
+    snapshot_time: float | None = None,
+    progress: bool = False,
+) -> IndexMeta:
+    """Embed every block with the retriever's document tower and publish a version: the one build path of
+    `realm index build`, the trainer's first index and the builder's rebuilds. `step`/`snapshot_time`: the
+    trainer snapshot it comes from (None outside training)."""
     embedder = BlockEmbedder(retriever.doc_tower, retriever.tokenizer, store.config, embed)
-    return build_index(store, embedder, retriever.doc_fingerprint(), index_dir, embed, index, retriever.config,
-                       progress=progress, checkpoint_step=step, checkpoint_time=snapshot_time)
+    return build_index(
+        store,
+        embedder,
+        retriever.doc_fingerprint(),
+        index_dir,
+        embed,
+        index,
+        retriever.config,
+        progress=progress,
+        checkpoint_step=step,
+        checkpoint_time=snapshot_time,
+    )
 
 
-def refresh_loop(watch: Path, corpus: Path, index_dir: Path, embed: EmbedConfig, index: IndexConfig,
-                 retriever_config: RetrieverConfig, policy: RefreshPolicy, poll_seconds: float = 2.0,
-                 max_builds: int | None = None, exit_with_parent: bool = False) -> int:
+def refresh_loop(
+    watch: Path,
+    corpus: Path,
+    index_dir: Path,
+    config: BuilderConfig,
+    poll_seconds: float = 2.0,
+    max_builds: int | None = None,
+    exit_with_parent: bool = False,
+) -> int:
     """Rebuild the index whenever a newer snapshot appears; stop when `watch/STOP` exists (or, with
     `exit_with_parent`, when the trainer that started us is gone, even after a kill -9). Returns builds done."""
     store = BlockStore(corpus)
+    policy = RefreshPolicy(config.refresh_every)
     builds = 0
     parent = os.getppid()
     while not (Path(watch) / STOP_FILE).exists() and (max_builds is None or builds < max_builds):
@@ -110,15 +192,54 @@ def refresh_loop(watch: Path, corpus: Path, index_dir: Path, embed: EmbedConfig,
         if not policy.should_rebuild(newest_step, index_source_step(index_dir)):
             time.sleep(poll_seconds)
             continue
+        assert newest is not None and newest_step is not None  # a rebuild is due only for an existing snapshot
         started = time.monotonic()
         try:
-            retriever = Retriever.load(str(newest), retriever_config)
+            retriever = Retriever.load(str(newest), config.retriever)
         except (FileNotFoundError, OSError, ValueError) as err:  # pruned by the trainer while we read it
             log.warning("snapshot %s vanished while loading (%s); retrying", newest, err)
             continue
-        meta = build_from_retriever(retriever, store, index_dir, embed, index, newest_step,
-                                    snapshot_info(newest)["time"])
+        meta = build_from_retriever(
+            retriever, store, index_dir, config.embed, config.index, newest_step, snapshot_info(newest)["time"]
+        )
         builds += 1
-        log.info("published index v%d from snapshot step %d in %.0fs", meta.version, newest_step,
-                 time.monotonic() - started)
+        log.info(
+            "published index v%d from snapshot step %d in %.0fs", meta.version, newest_step, time.monotonic() - started
+        )
     return builds
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m realm.index.refresh`: the builder alone (started by the trainer, or on another machine)."""
+    import argparse
+
+    import torch
+
+    parser = argparse.ArgumentParser(prog="python -m realm.index.refresh", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, help="builder.json written by the trainer (BuilderConfig)")
+    parser.add_argument("--watch", required=True, help="the trainer's snapshots folder")
+    parser.add_argument("--corpus", required=True)
+    parser.add_argument("--out", required=True, help="index folder to publish new versions into")
+    parser.add_argument("--poll-seconds", type=float, default=2.0)
+    parser.add_argument("--max-builds", type=int, help="exit after this many builds")
+    parser.add_argument("--threads", type=int, help="torch threads (leave cores to a trainer on the same machine)")
+    parser.add_argument("--exit-with-parent", action="store_true", help="stop when the process that started it exits")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    builds = refresh_loop(
+        Path(args.watch),
+        Path(args.corpus),
+        Path(args.out),
+        BuilderConfig.load(Path(args.config)),
+        args.poll_seconds,
+        args.max_builds,
+        args.exit_with_parent,
+    )
+    print(f"index refresh: {builds} versions published to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

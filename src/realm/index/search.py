@@ -30,6 +30,11 @@ class SearchHit:
 
 
 class Searcher(Protocol):
+    store: BlockStore  # the knowledge it searches
+    # True: SearchHit.score is the retrieval logit f(x, z), so softmax over hits gives p(z | x). False: a score
+    # that only ranks (BM25), so a reader marginalises with a uniform p(z | x).
+    scores_are_retrieval_logits: bool
+
     def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]: ...
 
     def search(self, query: str, k: int) -> list[SearchHit]: ...
@@ -53,6 +58,8 @@ def _hits(store: BlockStore, scores: np.ndarray, ids: np.ndarray) -> list[list[S
 class DenseSearcher:
     """MIPS over Embed_doc with queries embedded by Embed_input; refuses an index built by another doc tower."""
 
+    scores_are_retrieval_logits = True
+
     def __init__(self, index: MipsIndex, retriever: Retriever, corpus: BlockStore | None = None):
         index.check_doc_tower(retriever.doc_fingerprint())
         self.index = index
@@ -71,6 +78,8 @@ class DenseSearcher:
 class BM25Searcher:
     """Okapi BM25 (bm25s, English stopwords) over `title + body` of the live blocks (an index version's
     knowledge, without removed documents, when `store` comes from `MipsIndex.corpus()`)."""
+
+    scores_are_retrieval_logits = False
 
     def __init__(self, store: BlockStore):
         import bm25s  # only BM25 needs it (a GPU image may not have it)
@@ -107,10 +116,16 @@ def search_all(searcher: Searcher, queries: list[str], k: int, batch_size: int =
 EXTRA_RETRIEVED = 8  # retrieve this many more than needed, so candidates survive the trivial-retrieval filter
 
 
-def retrieve(model: RealmModel, index: MipsIndex, query: dict[str, torch.Tensor], block_doc_ids: np.ndarray,
-             source_doc_ids: list[str], num_retrieved: int) -> np.ndarray:
+def retrieve(
+    model: RealmModel,
+    index: MipsIndex,
+    query: dict[str, torch.Tensor],
+    block_doc_ids: np.ndarray,
+    source_doc_ids: list[str],
+    num_retrieved: int,
+) -> np.ndarray:
     """Top candidates for masked queries from the (possibly stale) index, trivial ones dropped: (B, K-1)."""
     with torch.no_grad():
-        vectors = model.retriever.query_tower(**query).float().cpu().numpy()
+        vectors = model.retriever.query_vectors(query)
     _, ids = index.search(vectors, num_retrieved + EXTRA_RETRIEVED)
     return select_candidates(ids, block_doc_ids, source_doc_ids, num_retrieved)

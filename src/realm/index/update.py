@@ -26,19 +26,18 @@ from transformers import PreTrainedTokenizerBase
 from realm.common.io import write_atomic
 from realm.common.tokenization import tokenizer_fingerprint
 from realm.config import EmbedConfig
-from realm.data.blocks import Block, BlockSplitter, BlockStore, Fingerprint, split_documents, write_blocks
-from realm.data.sources import BadRecords, CorpusError, read_all
-from realm.index.embed import BlockEmbedder
-from realm.index.mips import (
-    ADDED,
-    IndexMeta,
-    MipsIndex,
-    MipsIndexError,
-    build_faiss,
-    config_of,
-    current_version,
-    publish,
+from realm.data.blocks import (
+    Block,
+    BlockSplitter,
+    BlockStore,
+    Fingerprint,
+    split_documents,
+    write_blocks,
 )
+from realm.data.sources import BadRecords, CorpusError, read_all
+from realm.index.backends import MipsIndexError, build_faiss, config_of
+from realm.index.embed import BlockEmbedder
+from realm.index.mips import ADDED, IndexMeta, MipsIndex, current_version, publish
 from realm.models.retriever import Retriever
 
 
@@ -53,8 +52,15 @@ class Update:
     skipped: int = 0
 
 
-def add_documents(index: MipsIndex, docs_path: str, retriever: Retriever, embed_config: EmbedConfig,
-                  keep_versions: int, skip_bad: bool = False, corpus: str | Path | None = None) -> Update:
+def add_documents(
+    index: MipsIndex,
+    docs_path: str,
+    retriever: Retriever,
+    embed_config: EmbedConfig,
+    keep_versions: int,
+    skip_bad: bool = False,
+    corpus: str | Path | None = None,
+) -> Update:
     """Split the documents of a JSONL file with the corpus's own settings, embed them with `retriever`'s document
     tower (the one that built `index`) and publish a version with their blocks added."""
     started = time.monotonic()
@@ -65,8 +71,10 @@ def add_documents(index: MipsIndex, docs_path: str, retriever: Retriever, embed_
     docs = list(read_all([docs_path], skip_bad, bad))
     present = _present([doc.id for doc in docs], _row_doc_ids(index, store))
     if present:
-        raise CorpusError(f"{docs_path}: document id(s) already in index {index.index_dir} v{index.version}: "
-                          f"{_listing(present)}; remove them first with `realm index remove`")
+        raise CorpusError(
+            f"{docs_path}: document id(s) already in index {index.index_dir} v{index.version}: "
+            f"{_listing(present)}; remove them first with `realm index remove`"
+        )
     per_doc = list(split_documents(docs, BlockSplitter(retriever.tokenizer, store.config), skip_bad, bad))
     blocks = [block for doc_blocks in per_doc for block in doc_blocks]
     if not blocks:
@@ -78,14 +86,21 @@ def add_documents(index: MipsIndex, docs_path: str, retriever: Retriever, embed_
     embedding = time.monotonic()
     vectors = embedder.embed([b.title for b in blocks], [b.body for b in blocks]).astype(stored.dtype)
     embed_seconds = time.monotonic() - embedding
-    meta = _publish_update(index, np.concatenate([stored, vectors]),
-                           np.concatenate([index.block_ids, np.arange(first_id, first_id + len(blocks))]),
-                           [*index.meta.added, entry], keep_versions, started, embed_seconds)
+    meta = _publish_update(
+        index,
+        np.concatenate([stored, vectors]),
+        np.concatenate([index.block_ids, np.arange(first_id, first_id + len(blocks))]),
+        [*index.meta.added, entry],
+        keep_versions,
+        started,
+        embed_seconds,
+    )
     return Update(meta.version, len(per_doc), len(blocks), meta.num_vectors, bad.count)
 
 
-def remove_documents(index: MipsIndex, doc_ids: list[str], keep_versions: int,
-                     corpus: str | Path | None = None) -> Update:
+def remove_documents(
+    index: MipsIndex, doc_ids: list[str], keep_versions: int, corpus: str | Path | None = None
+) -> Update:
     """Publish a version without any block of `doc_ids`; unknown ids are an error and publish nothing."""
     started = time.monotonic()
     wanted = list(dict.fromkeys(doc_ids))
@@ -93,21 +108,31 @@ def remove_documents(index: MipsIndex, doc_ids: list[str], keep_versions: int,
     known = set(_present(wanted, row_docs))
     unknown = [doc_id for doc_id in wanted if doc_id not in known]
     if unknown:
-        raise MipsIndexError(f"document id(s) not in index {index.index_dir} v{index.version}: {_listing(unknown)}; "
-                             "nothing was removed")
+        raise MipsIndexError(
+            f"document id(s) not in index {index.index_dir} v{index.version}: {_listing(unknown)}; nothing was removed"
+        )
     keep = ~pc.is_in(row_docs, value_set=pa.array(wanted, pa.string())).to_numpy(zero_copy_only=False)
     if not keep.any():
         raise MipsIndexError(f"removing {len(wanted)} document(s) would leave index {index.index_dir} empty")
-    meta = _publish_update(index, np.asarray(index.embeddings())[keep], index.block_ids[keep], index.meta.added,
-                           keep_versions, started, embed_seconds=0.0)
+    meta = _publish_update(
+        index,
+        np.asarray(index.embeddings())[keep],
+        index.block_ids[keep],
+        index.meta.added,
+        keep_versions,
+        started,
+        embed_seconds=0.0,
+    )
     return Update(meta.version, len(wanted), int((~keep).sum()), meta.num_vectors)
 
 
 def _check_tokenizer(store: BlockStore, tokenizer: PreTrainedTokenizerBase) -> None:
     """New blocks must be cut by the tokenizer that split the corpus, or their budgets would mean other things."""
     if tokenizer_fingerprint(tokenizer) != store.meta.tokenizer_fingerprint:
-        raise MipsIndexError(f"the model's tokenizer ({tokenizer_fingerprint(tokenizer)}) is not the one corpus "
-                             f"{store.folder} was split with ({store.meta.tokenizer_fingerprint})")
+        raise MipsIndexError(
+            f"the model's tokenizer ({tokenizer_fingerprint(tokenizer)}) is not the one corpus "
+            f"{store.folder} was split with ({store.meta.tokenizer_fingerprint})"
+        )
 
 
 def _row_doc_ids(index: MipsIndex, store: BlockStore) -> pa.ChunkedArray:
@@ -136,16 +161,30 @@ def _write_added(index_dir: Path, blocks: list[Block], first_id: int, store: Blo
     return {"file": name, "first_id": first_id, "num_blocks": len(blocks)}
 
 
-def _publish_update(index: MipsIndex, embeddings: np.ndarray, block_ids: np.ndarray, added: list[dict],
-                    keep_versions: int, started: float, embed_seconds: float) -> IndexMeta:
+def _publish_update(
+    index: MipsIndex,
+    embeddings: np.ndarray,
+    block_ids: np.ndarray,
+    added: list[dict],
+    keep_versions: int,
+    started: float,
+    embed_seconds: float,
+) -> IndexMeta:
     """Rebuild faiss over the new rows with the version's own backend and publish, unless another writer
     published since `index` was loaded (its change would be lost)."""
-    faiss_index, params = build_faiss(embeddings.astype(np.float32), config_of(index.meta))
+    faiss_index, params = build_faiss(embeddings.astype(np.float32), config_of(index.meta.backend, index.meta.params))
     live = current_version(index.index_dir)
     if live != index.version:
-        raise MipsIndexError(f"index {index.index_dir} moved from v{index.version} to v{live} during the update; "
-                             "nothing was published: run the command again")
+        raise MipsIndexError(
+            f"index {index.index_dir} moved from v{index.version} to v{live} during the update; "
+            "nothing was published: run the command again"
+        )
     fields = {k: v for k, v in asdict(index.meta).items() if k not in ("format_version", "version", "created")}
-    fields.update(num_vectors=len(block_ids), params=params, added=added, embed_seconds=round(embed_seconds, 1),
-                  build_seconds=round(time.monotonic() - started, 1))
+    fields.update(
+        num_vectors=len(block_ids),
+        params=params,
+        added=added,
+        embed_seconds=round(embed_seconds, 1),
+        build_seconds=round(time.monotonic() - started, 1),
+    )
     return publish(index.index_dir, embeddings, block_ids, faiss_index, fields, keep_versions)

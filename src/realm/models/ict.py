@@ -21,7 +21,9 @@ class ICTModel(nn.Module):
         super().__init__()
         self.retriever = retriever
 
-    def forward(self, query: dict[str, torch.Tensor], docs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, query: dict[str, torch.Tensor], docs: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         q = self.retriever.query_tower(**query)  # (B, D)
         d = self.retriever.doc_tower(**docs)  # (B, D)
         logits = (q @ d.T).float()  # (B, B): the diagonal holds the positives

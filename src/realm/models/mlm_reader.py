@@ -13,11 +13,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
+from transformers import BertForMaskedLM, PreTrainedTokenizerBase
 
 from realm.common.io import write_dir_atomic
-from realm.common.tokenization import MINILM, load_tokenizer, minilm_dir
-from realm.config import EncoderShape
+from realm.common.tokenization import load_tokenizer, minilm_dir
+from realm.config import MINILM, EncoderShape
+from realm.models.bert import load_masked_lm, random_masked_lm
 
 READER_SEED = 20200211
 
@@ -34,18 +35,11 @@ class Reader(nn.Module):
         torch.manual_seed(READER_SEED)  # the fresh head transform is the same on every run
         if spec == "random":
             tokenizer = load_tokenizer(minilm_dir())
-            shape = shape or EncoderShape()
-            config = BertConfig(vocab_size=len(tokenizer), hidden_size=shape.hidden_size,
-                                num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
-                                intermediate_size=shape.intermediate_size, hidden_dropout_prob=shape.dropout,
-                                attention_probs_dropout_prob=shape.dropout, tie_word_embeddings=True)
-            return cls(BertForMaskedLM(config), tokenizer)
+            return cls(random_masked_lm(shape or EncoderShape(), len(tokenizer), READER_SEED), tokenizer)
         folder = minilm_dir() if spec == MINILM else Path(spec)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"unknown reader {spec!r}: expected 'minilm', 'random' or a BERT folder")
-        mlm = BertForMaskedLM.from_pretrained(str(folder), attn_implementation="sdpa", tie_word_embeddings=True,
-                                              dtype=torch.float32)  # fp32 master weights, as for the towers
-        return cls(mlm, load_tokenizer(folder))
+        return cls(load_masked_lm(folder), load_tokenizer(folder))
 
     def save(self, folder: str | Path) -> None:
         """A plain Hugging Face BertForMaskedLM folder (safetensors) with its tokenizer, swapped in atomically."""
@@ -56,10 +50,16 @@ class Reader(nn.Module):
 
         write_dir_atomic(Path(folder), write)
 
-    def mask_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor,
-                       mask_positions: torch.Tensor) -> torch.Tensor:
+    def mask_log_probs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        mask_positions: torch.Tensor,
+    ) -> torch.Tensor:
         """(N, L) inputs, (N, M) positions -> (N, M, V) log p(token | z, x) at the masked positions only."""
-        hidden = self.mlm.bert(input_ids=input_ids, attention_mask=attention_mask,
-                               token_type_ids=token_type_ids).last_hidden_state  # (N, L, H)
+        hidden = self.mlm.bert(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).last_hidden_state  # (N, L, H)
         at_masks = torch.gather(hidden, 1, mask_positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1)))  # (N, M, H)
         return torch.log_softmax(self.mlm.cls(at_masks).float(), dim=-1)  # (N, M, V)

@@ -23,9 +23,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from realm.common.tokenization import MINILM
+from realm.config import MINILM
 from realm.models.retriever import Retriever
-from realm.models.span_reader import MASKED, BlockSpans, ReaderBatch, SpanReader, block_spans, span_log_probs
+from realm.models.span_reader import (
+    MASKED,
+    BlockSpans,
+    ReaderBatch,
+    SpanReader,
+    block_spans,
+    span_log_probs,
+)
 
 
 def marginal_answer_log_likelihood(log_pz: torch.Tensor, log_ps: torch.Tensor, match: torch.Tensor) -> torch.Tensor:
@@ -45,13 +52,23 @@ class QABatch:
     span_match: torch.Tensor  # (B * K, S) bool: the span reads as a reference answer
 
     def to(self, device: torch.device) -> QABatch:
-        return QABatch({k: v.to(device) for k, v in self.query.items()}, self.beam_vectors.to(device),
-                       self.beam_valid.to(device), self.beam_answer.to(device), self.reader.to(device),
-                       self.span_match.to(device))
+        return QABatch(
+            {k: v.to(device) for k, v in self.query.items()},
+            self.beam_vectors.to(device),
+            self.beam_valid.to(device),
+            self.beam_answer.to(device),
+            self.reader.to(device),
+            self.span_match.to(device),
+        )
 
 
-def qa_loss(f_beam: torch.Tensor, beam_valid: torch.Tensor, beam_answer: torch.Tensor, log_ps: torch.Tensor,
-            span_match: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def qa_loss(
+    f_beam: torch.Tensor,
+    beam_valid: torch.Tensor,
+    beam_answer: torch.Tensor,
+    log_ps: torch.Tensor,
+    span_match: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """f_beam (B, R) f(x, z) over the beam; log_ps (B, K, S) for its top K; span_match (B, K, S).
     Reader loss on examples with a matching span in the top K; early-update retrieval loss on examples
     with an answer in the beam; both summed over those examples and divided by the batch size."""
@@ -67,8 +84,13 @@ def qa_loss(f_beam: torch.Tensor, beam_valid: torch.Tensor, beam_answer: torch.T
     with torch.no_grad():
         joint = (log_pz.unsqueeze(-1) + log_ps).flatten(1)  # (B, K*S)
         em = span_match.flatten(1).gather(1, joint.argmax(-1, keepdim=True)).float().mean()
-    stats = {"reader_loss": reader_loss.detach(), "retrieval_loss": retrieval_loss.detach(),
-             "answer_in_top_k": readable.float().mean(), "answer_in_beam": in_beam.float().mean(), "train_em": em}
+    stats = {
+        "reader_loss": reader_loss.detach(),
+        "retrieval_loss": retrieval_loss.detach(),
+        "answer_in_top_k": readable.float().mean(),
+        "answer_in_beam": in_beam.float().mean(),
+        "train_em": em,
+    }
     return reader_loss + retrieval_loss, stats
 
 
@@ -83,18 +105,25 @@ class QAModel(nn.Module):
         self.retriever.doc_tower.requires_grad_(False)
 
     @classmethod
-    def load(cls, spec: str, retriever_config, span_hidden: int = 256, max_span_width: int = 10,
-             reader: str | None = None) -> QAModel:
+    def load(
+        cls, spec: str, retriever_config, span_hidden: int = 256, max_span_width: int = 10, reader: str | None = None
+    ) -> QAModel:
         """`minilm`; a REALM pretraining output or a fine-tuned QA model (folders with retriever/ and reader/).
         `reader` replaces the folder's reader with another warm start (e.g. an ICT retriever with a BERT reader)."""
         if spec == MINILM:
-            return cls(Retriever.load(MINILM, retriever_config), SpanReader.load(reader or MINILM, span_hidden, max_span_width))
+            return cls(
+                Retriever.load(MINILM, retriever_config), SpanReader.load(reader or MINILM, span_hidden, max_span_width)
+            )
         folder = Path(spec)
         if not ((folder / "retriever").is_dir() and (reader or (folder / "reader").is_dir())):
-            raise FileNotFoundError(f"unknown model {spec!r}: expected 'minilm' or a folder with retriever/ and reader/ "
-                                    "(the output of `realm train pretrain` or `realm train qa`)")
-        return cls(Retriever.load(str(folder / "retriever"), retriever_config),
-                   SpanReader.load(reader or str(folder / "reader"), span_hidden, max_span_width))
+            raise FileNotFoundError(
+                f"unknown model {spec!r}: expected 'minilm' or a folder with retriever/ and reader/ "
+                "(the output of `realm train pretrain` or `realm train qa`)"
+            )
+        return cls(
+            Retriever.load(str(folder / "retriever"), retriever_config),
+            SpanReader.load(reader or str(folder / "reader"), span_hidden, max_span_width),
+        )
 
     def save(self, folder: str | Path) -> None:
         folder = Path(folder)
@@ -108,8 +137,13 @@ class QAModel(nn.Module):
         scores = self.reader(**batch.reader.inputs, starts=batch.reader.starts, ends=batch.reader.ends)  # (B*K, S)
         log_ps = span_log_probs(scores, batch.reader.span_valid)
         batch_size = len(q)
-        return qa_loss(f_beam, batch.beam_valid, batch.beam_answer, log_ps.view(batch_size, -1, log_ps.size(-1)),
-                       batch.span_match.view(batch_size, -1, log_ps.size(-1)))
+        return qa_loss(
+            f_beam,
+            batch.beam_valid,
+            batch.beam_answer,
+            log_ps.view(batch_size, -1, log_ps.size(-1)),
+            batch.span_match.view(batch_size, -1, log_ps.size(-1)),
+        )
 
     def question_ids(self, questions: Sequence[str]) -> list[list[int]]:
         """Question wordpieces without special tokens, cut to the query length."""

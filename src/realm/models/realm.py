@@ -27,8 +27,12 @@ from realm.models.retriever import Retriever
 NULL_BLOCK = -1  # candidate id of the null document (and of padding where too few blocks remain)
 
 
-def marginal_mlm_loss(retrieval_logits: torch.Tensor, candidate_mask: torch.Tensor, token_log_probs: torch.Tensor,
-                      mask_valid: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def marginal_mlm_loss(
+    retrieval_logits: torch.Tensor,
+    candidate_mask: torch.Tensor,
+    token_log_probs: torch.Tensor,
+    mask_valid: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """retrieval_logits (B, K) f(x, z); candidate_mask (B, K); token_log_probs (B, K, M) log p(y_j | z, x);
     mask_valid (B, M). Candidate 0 is the null document. Returns the loss and detached statistics."""
     log_pz = torch.log_softmax(retrieval_logits.float().masked_fill(~candidate_mask, float("-inf")), dim=-1)  # (B, K)
@@ -36,13 +40,17 @@ def marginal_mlm_loss(retrieval_logits: torch.Tensor, candidate_mask: torch.Tens
     valid = mask_valid.float()
     per_example = (marginal * valid).sum(1) / valid.sum(1).clamp(min=1)  # (B,)
     null_only = (token_log_probs[:, 0] * valid).sum(1) / valid.sum(1).clamp(min=1)
-    stats = {"utility": (per_example - null_only).mean().detach(), "p_null": log_pz[:, 0].exp().mean().detach(),
-             "null_log_likelihood": null_only.mean().detach()}
+    stats = {
+        "utility": (per_example - null_only).mean().detach(),
+        "p_null": log_pz[:, 0].exp().mean().detach(),
+        "null_log_likelihood": null_only.mean().detach(),
+    }
     return -per_example.mean(), stats
 
 
-def select_candidates(retrieved: np.ndarray, block_doc_ids: np.ndarray, source_doc_ids: list[str],
-                      num_retrieved: int) -> np.ndarray:
+def select_candidates(
+    retrieved: np.ndarray, block_doc_ids: np.ndarray, source_doc_ids: list[str], num_retrieved: int
+) -> np.ndarray:
     """(B, R) MIPS results -> (B, num_retrieved) block ids, best first, without trivial candidates
     (blocks of the sentence's own document) and padded with NULL_BLOCK if too few remain."""
     out = np.full((len(retrieved), num_retrieved), NULL_BLOCK, dtype=np.int64)
@@ -65,12 +73,21 @@ class RealmBatch:
 
     def to(self, device: torch.device) -> RealmBatch:
         move = lambda d: {k: v.to(device) for k, v in d.items()}  # noqa: E731
-        return RealmBatch(move(self.query), move(self.docs), move(self.reader), self.mask_positions.to(device),
-                          self.targets.to(device), self.mask_valid.to(device), self.candidate_mask.to(device),
-                          self.candidate_ids)
+        return RealmBatch(
+            move(self.query),
+            move(self.docs),
+            move(self.reader),
+            self.mask_positions.to(device),
+            self.targets.to(device),
+            self.mask_valid.to(device),
+            self.candidate_mask.to(device),
+            self.candidate_ids,
+        )
 
 
-def pad_queries(queries: list[MaskedQuery], pad_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_queries(
+    queries: list[MaskedQuery], pad_id: int
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
     """Query tensors (B, Lq) and mask positions / targets / validity (B, M)."""
     ids = [q.input_ids for q in queries]
     query = pad_batch(ids, [[0] * len(row) for row in ids], pad_id)
@@ -85,8 +102,9 @@ def pad_queries(queries: list[MaskedQuery], pad_id: int) -> tuple[dict[str, torc
     return query, positions, targets, valid
 
 
-def make_batch(queries: list[MaskedQuery], retrieved: np.ndarray, store: BlockStore, tokenizer,
-               corpus_config: CorpusConfig) -> RealmBatch:
+def make_batch(
+    queries: list[MaskedQuery], retrieved: np.ndarray, store: BlockStore, tokenizer, corpus_config: CorpusConfig
+) -> RealmBatch:
     """Assemble retriever and reader inputs for B queries and their (B, K-1) retrieved block ids."""
     batch_size, num_retrieved = retrieved.shape
     candidate_ids = np.concatenate([np.full((batch_size, 1), NULL_BLOCK), retrieved], axis=1)  # (B, K)

@@ -28,14 +28,16 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import BertConfig, BertModel, PreTrainedTokenizerBase
+from transformers import BertModel, PreTrainedTokenizerBase
 
 from realm.common.io import write_dir_atomic
-from realm.common.tokenization import MINILM, load_tokenizer, minilm_dir
-from realm.config import EncoderShape, RetrieverConfig
+from realm.common.tokenization import load_tokenizer, minilm_dir
+from realm.config import MINILM, RetrieverConfig
+from realm.models.bert import load_bert, random_bert
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_META = "realm.json"
@@ -67,8 +69,12 @@ class Tower(nn.Module):
         self.projection = nn.Linear(bert.config.hidden_size, proj_dim)
         self.layer_norm = nn.LayerNorm(proj_dim)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        hidden = self.bert(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).last_hidden_state
         pooled = pool(hidden, attention_mask, self.pooling)  # (B, H)
         return self.layer_norm(self.projection(self.dropout(pooled)))  # (B, D)
 
@@ -92,31 +98,12 @@ class Tower(nn.Module):
         return digest.hexdigest()[:16]
 
 
-def _bert_from(folder: Path) -> BertModel:
-    # fp32 weights whatever the file holds (transformers 5 keeps a half-precision file's dtype): training
-    # needs fp32 master weights, and bf16 compute comes from autocast.
-    return BertModel.from_pretrained(str(folder), add_pooling_layer=False, attn_implementation="sdpa", dtype=torch.float32)
-
-
-def random_bert(shape: EncoderShape, vocab_size: int, seed: int) -> BertModel:
-    torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        intermediate_size=shape.intermediate_size,
-        hidden_dropout_prob=shape.dropout,
-        attention_probs_dropout_prob=shape.dropout,
-        max_position_embeddings=512,
-    )
-    return BertModel(config, add_pooling_layer=False)
-
-
 class Retriever(nn.Module):
     """Query tower (Embed_input) and document tower (Embed_doc), with their tokenizer and config."""
 
-    def __init__(self, query_tower: Tower, doc_tower: Tower, tokenizer: PreTrainedTokenizerBase, config: RetrieverConfig):
+    def __init__(
+        self, query_tower: Tower, doc_tower: Tower, tokenizer: PreTrainedTokenizerBase, config: RetrieverConfig
+    ):
         super().__init__()
         self.query_tower = query_tower
         self.doc_tower = doc_tower
@@ -143,7 +130,7 @@ class Retriever(nn.Module):
         A checkpoint carries its own RetrieverConfig, which wins over `config`."""
         if spec == MINILM:
             folder = minilm_dir()
-            return cls.warm_start(_bert_from(folder), load_tokenizer(folder), config)
+            return cls.warm_start(load_bert(folder), load_tokenizer(folder), config)
         if spec == "random":
             tokenizer = load_tokenizer(minilm_dir())
             return cls.warm_start(random_bert(config.shape, len(tokenizer), WARM_START_SEED), tokenizer, config)
@@ -153,7 +140,7 @@ class Retriever(nn.Module):
         if (folder / CHECKPOINT_META).is_file():
             return cls._load_checkpoint(folder)
         if (folder / "config.json").is_file():
-            return cls.warm_start(_bert_from(folder), load_tokenizer(folder), config)
+            return cls.warm_start(load_bert(folder), load_tokenizer(folder), config)
         raise FileNotFoundError(
             f"unknown model {spec!r}: expected 'minilm', 'random', a REALM checkpoint folder "
             f"(with {CHECKPOINT_META}) or a Hugging Face BERT folder (with config.json)"
@@ -164,12 +151,10 @@ class Retriever(nn.Module):
         meta = json.loads((folder / CHECKPOINT_META).read_text())
         if meta.get("format_version") != CHECKPOINT_FORMAT:
             raise ValueError(f"{folder}: checkpoint format {meta.get('format_version')}, expected {CHECKPOINT_FORMAT}")
-        raw = dict(meta["retriever"])
-        raw["shape"] = EncoderShape(**raw["shape"])
-        config = RetrieverConfig(**raw)
+        config = RetrieverConfig.from_dict(meta["retriever"])
         towers = []
         for name in TOWERS:
-            tower = Tower(_bert_from(folder / name), config.proj_dim, config.pooling, config.dropout)
+            tower = Tower(load_bert(folder / name), config.proj_dim, config.pooling, config.dropout)
             tower.load_projection_state(load_file(folder / name / PROJECTION_FILE))
             towers.append(tower)
         return cls(towers[0], towers[1], load_tokenizer(folder), config)
@@ -182,9 +167,14 @@ class Retriever(nn.Module):
             for name in TOWERS:
                 tower: Tower = getattr(self, name)
                 tower.bert.save_pretrained(str(tmp / name))
-                save_file({k: v.contiguous() for k, v in tower.projection_state().items()}, tmp / name / PROJECTION_FILE)
-            meta = {"format_version": CHECKPOINT_FORMAT, "retriever": dataclasses.asdict(self.config),
-                    "doc_tower_fingerprint": self.doc_tower.fingerprint()}
+                save_file(
+                    {k: v.contiguous() for k, v in tower.projection_state().items()}, tmp / name / PROJECTION_FILE
+                )
+            meta = {
+                "format_version": CHECKPOINT_FORMAT,
+                "retriever": dataclasses.asdict(self.config),
+                "doc_tower_fingerprint": self.doc_tower.fingerprint(),
+            }
             (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2) + "\n")
 
         write_dir_atomic(Path(folder), write)
@@ -195,16 +185,29 @@ class Retriever(nn.Module):
 
     def encode_queries(self, queries: list[str]) -> dict[str, torch.Tensor]:
         """[CLS] x [SEP], padded to the longest query (at most query_max_tokens)."""
-        return dict(self.tokenizer(queries, padding=True, truncation=True, max_length=self.config.query_max_tokens,
-                                   return_tensors="pt", return_token_type_ids=True))
+        return dict(
+            self.tokenizer(
+                queries,
+                padding=True,
+                truncation=True,
+                max_length=self.config.query_max_tokens,
+                return_tensors="pt",
+                return_token_type_ids=True,
+            )
+        )
 
-    @torch.inference_mode()
-    def embed_queries(self, queries: list[str], batch_size: int = 128) -> torch.Tensor:
-        """(Q, D) float32 query embeddings, on the CPU (the tower may sit on a GPU)."""
-        self.query_tower.eval()
+    @torch.no_grad()
+    def query_vectors(self, inputs: dict[str, torch.Tensor]) -> np.ndarray:
+        """Embed_input of tokenised queries, (Q, D) float32 on the CPU, for MIPS: no gradient, the tower's current
+        mode (a trainer retrieves with dropout on, as the gradient step sees the tower)."""
         device = next(self.query_tower.parameters()).device
-        parts = []
-        for start in range(0, len(queries), batch_size):
-            inputs = self.encode_queries(queries[start : start + batch_size])
-            parts.append(self.query_tower(**{k: v.to(device) for k, v in inputs.items()}).float().cpu())
-        return torch.cat(parts) if parts else torch.empty(0, self.config.proj_dim)
+        return self.query_tower(**{k: v.to(device) for k, v in inputs.items()}).float().cpu().numpy()
+
+    def embed_queries(self, queries: list[str], batch_size: int = 128) -> torch.Tensor:
+        """(Q, D) float32 embeddings of query texts, on the CPU (inference: the query tower in eval mode)."""
+        self.query_tower.eval()
+        parts = [
+            self.query_vectors(self.encode_queries(queries[start : start + batch_size]))
+            for start in range(0, len(queries), batch_size)
+        ]
+        return torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, self.config.proj_dim)

@@ -10,6 +10,7 @@ with its candidate spans, and the padded batch of every (question, block) pair.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,8 +20,10 @@ from torch import nn
 from transformers import BertModel, PreTrainedTokenizerBase
 
 from realm.common.io import write_dir_atomic
-from realm.common.tokenization import MINILM, load_tokenizer, minilm_dir
+from realm.common.tokenization import load_tokenizer, minilm_dir
+from realm.config import MINILM
 from realm.data.qa_examples import QAExample, has_answer, is_exact_match
+from realm.models.bert import load_bert
 from realm.models.inputs import pad_batch
 
 SPAN_HEAD_FILE = "span_head.safetensors"
@@ -66,8 +69,7 @@ class SpanReader(nn.Module):
         folder = minilm_dir() if spec == MINILM else Path(spec)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"unknown reader {spec!r}: expected 'minilm', a saved QA reader or a BERT folder")
-        bert = BertModel.from_pretrained(str(folder), add_pooling_layer=False, attn_implementation="sdpa",
-                                         dtype=torch.float32)  # fp32 master weights, as for the towers
+        bert = load_bert(folder)
         if (folder / READER_META).is_file():
             meta = json.loads((folder / READER_META).read_text())
             span_hidden, max_span_width = meta["span_hidden"], meta["max_span_width"]
@@ -87,11 +89,18 @@ class SpanReader(nn.Module):
 
         write_dir_atomic(Path(folder), write)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor,
-                starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        starts: torch.Tensor,
+        ends: torch.Tensor,
+    ) -> torch.Tensor:
         """(N, L) inputs and (N, S) span boundaries -> (N, S) span scores."""
-        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                           token_type_ids=token_type_ids).last_hidden_state  # (N, L, H)
+        hidden = self.bert(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).last_hidden_state  # (N, L, H)
         return self.span_head(hidden, starts, ends).float()
 
 
@@ -113,8 +122,9 @@ class BlockSpans:
 
 def block_spans(tokenizer: PreTrainedTokenizerBase, body: str, max_tokens: int, max_width: int) -> BlockSpans:
     """Spans start at a word's first wordpiece, end at a word's last, and cover at most `max_width` wordpieces."""
-    encoding = tokenizer(body, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
-                         max_length=max_tokens)
+    encoding = tokenizer(
+        body, add_special_tokens=False, return_offsets_mapping=True, truncation=True, max_length=max_tokens
+    )
     ids, offsets, words = encoding["input_ids"], encoding["offset_mapping"], encoding.word_ids()
     starts = [i for i in range(len(ids)) if i == 0 or words[i] != words[i - 1]]
     ends = {i for i in range(len(ids)) if i == len(ids) - 1 or words[i] != words[i + 1]}
@@ -137,11 +147,17 @@ class ReaderBatch:
     span_valid: torch.Tensor  # (N, S) bool
 
     def to(self, device: torch.device) -> ReaderBatch:
-        return ReaderBatch({k: v.to(device) for k, v in self.inputs.items()}, self.starts.to(device),
-                           self.ends.to(device), self.span_valid.to(device))
+        return ReaderBatch(
+            {k: v.to(device) for k, v in self.inputs.items()},
+            self.starts.to(device),
+            self.ends.to(device),
+            self.span_valid.to(device),
+        )
 
 
-def reader_batch(tokenizer: PreTrainedTokenizerBase, question_ids: list[list[int]], blocks: list[list[BlockSpans]]) -> ReaderBatch:
+def reader_batch(
+    tokenizer: PreTrainedTokenizerBase, question_ids: Sequence[Sequence[int]], blocks: Sequence[Sequence[BlockSpans]]
+) -> ReaderBatch:
     """question_ids (B) without special tokens; blocks (B, K) -> reader inputs for every (question, block)."""
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     ids, types, span_rows = [], [], []
@@ -155,11 +171,11 @@ def reader_batch(tokenizer: PreTrainedTokenizerBase, question_ids: list[list[int
     starts = torch.zeros(len(span_rows), width, dtype=torch.long)
     ends = torch.zeros(len(span_rows), width, dtype=torch.long)
     valid = torch.zeros(len(span_rows), width, dtype=torch.bool)
-    for n, row in enumerate(span_rows):
-        if row:
-            starts[n, : len(row)] = torch.tensor([s for s, _ in row])
-            ends[n, : len(row)] = torch.tensor([e for _, e in row])
-            valid[n, : len(row)] = True
+    for n, spans in enumerate(span_rows):
+        if spans:
+            starts[n, : len(spans)] = torch.tensor([s for s, _ in spans])
+            ends[n, : len(spans)] = torch.tensor([e for _, e in spans])
+            valid[n, : len(spans)] = True
     return ReaderBatch(pad_batch(ids, types, tokenizer.pad_token_id), starts, ends, valid)
 
 
@@ -168,4 +184,6 @@ MASKED = -1e4  # a finite "log 0": rows with nothing valid must not turn gradien
 
 def span_log_probs(span_scores: torch.Tensor, span_valid: torch.Tensor) -> torch.Tensor:
     """log p(s | z, x): softmax over each block's valid spans -> (N, S), -inf at padding."""
-    return torch.log_softmax(span_scores.masked_fill(~span_valid, MASKED), dim=-1).masked_fill(~span_valid, float("-inf"))
+    return torch.log_softmax(span_scores.masked_fill(~span_valid, MASKED), dim=-1).masked_fill(
+        ~span_valid, float("-inf")
+    )

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from realm.config import Preset
+from realm.data.sources import VITAL_ARTICLES
 
 MIN_TRAINING_STEPS = 2
 BUDGET_SLACK = 1.1  # a plan may overrun its budget by this factor when the step counts hit their minimum
@@ -56,8 +58,12 @@ class PipelinePlan:
         return (self.preset.costs.fixed_seconds + sum(s.seconds for s in self.stages)) / 60
 
     def to_dict(self) -> dict:
-        return {"budget_minutes": self.budget_minutes, "scale": self.scale, "estimated_minutes": self.estimated_minutes,
-                "stages": [{**dataclasses.asdict(s), "seconds": s.seconds} for s in self.stages]}
+        return {
+            "budget_minutes": self.budget_minutes,
+            "scale": self.scale,
+            "estimated_minutes": self.estimated_minutes,
+            "stages": [{**dataclasses.asdict(s), "seconds": s.seconds} for s in self.stages],
+        }
 
 
 def _scaled(value: int, scale: float, minimum: int = 1) -> int:
@@ -69,13 +75,19 @@ def scale_preset(preset: Preset, scale: float, qa_train: int) -> Preset:
     ict, pretrain, qa = preset.ict, preset.pretrain, preset.qa
     steps = _scaled(pretrain.steps, scale, MIN_TRAINING_STEPS)
     pretrain = dataclasses.replace(
-        pretrain, steps=steps, warmup_steps=_scaled(pretrain.warmup_steps, scale),
+        pretrain,
+        steps=steps,
+        warmup_steps=_scaled(pretrain.warmup_steps, scale),
         retriever_frozen_steps=min(steps - 1, round(pretrain.retriever_frozen_steps * scale)),
         refresh_every=_scaled(pretrain.refresh_every, scale) if pretrain.refresh_every else 0,
-        checkpoint_every=_scaled(pretrain.checkpoint_every, scale))
-    ict = dataclasses.replace(ict, steps=_scaled(ict.steps, scale, MIN_TRAINING_STEPS),
-                              warmup_steps=_scaled(ict.warmup_steps, scale),
-                              checkpoint_every=_scaled(ict.checkpoint_every, scale))
+        checkpoint_every=_scaled(pretrain.checkpoint_every, scale),
+    )
+    ict = dataclasses.replace(
+        ict,
+        steps=_scaled(ict.steps, scale, MIN_TRAINING_STEPS),
+        warmup_steps=_scaled(ict.warmup_steps, scale),
+        checkpoint_every=_scaled(ict.checkpoint_every, scale),
+    )
     if qa_train:
         qa_steps = _scaled(qa.total_steps(qa_train), scale, MIN_TRAINING_STEPS)
         qa = dataclasses.replace(qa, steps=qa_steps, checkpoint_every=min(qa.checkpoint_every, qa_steps))
@@ -88,23 +100,30 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     embed = work.blocks / c.embed_blocks_per_second
     qa_steps = preset.qa.total_steps(work.qa_train) if work.qa_train else 0
     pretrain_steps = preset.pretrain.steps
-    stages = [StageEstimate("ict", preset.ict.steps, c.ict_step, 0.0),
-              StageEstimate("realm", pretrain_steps, c.pretrain_step, (work.blocks / c.tag_blocks_per_second) + embed)]
+    stages = [
+        StageEstimate("ict", preset.ict.steps, c.ict_step, 0.0),
+        StageEstimate("realm", pretrain_steps, c.pretrain_step, (work.blocks / c.tag_blocks_per_second) + embed),
+    ]
     if work.qa_train:
         stages += [StageEstimate(name, 0, 0.0, embed) for name in ("baseline_index", "ict_index", "realm_index")]
-        stages += [StageEstimate("qa", qa_steps, c.qa_step, 0.0),
-                   StageEstimate("eval", 0, 0.0, 2 * work.qa_dev * c.qa_question)]
+        stages += [
+            StageEstimate("qa", qa_steps, c.qa_step, 0.0),
+            StageEstimate("eval", 0, 0.0, 2 * work.qa_dev * c.qa_question),
+        ]
     if work.ablations:
         stages += [StageEstimate("qa_ict", qa_steps, c.qa_step, work.qa_dev * c.qa_question)]
         for variant, step_seconds in (("uniform", c.pretrain_step), ("frozen", c.frozen_pretrain_step)):
-            stages += [StageEstimate(f"realm_{variant}", pretrain_steps, step_seconds, embed),
-                       StageEstimate(f"realm_{variant}_index", 0, 0.0, embed),
-                       StageEstimate(f"qa_{variant}", qa_steps, c.qa_step, work.qa_dev * c.qa_question)]
+            stages += [
+                StageEstimate(f"realm_{variant}", pretrain_steps, step_seconds, embed),
+                StageEstimate(f"realm_{variant}_index", 0, 0.0, embed),
+                StageEstimate(f"qa_{variant}", qa_steps, c.qa_step, work.qa_dev * c.qa_question),
+            ]
     return stages
 
 
-def plan_pipeline(preset: Preset, work: Workload, budget_minutes: float | None,
-                  scale: float | None = None) -> PipelinePlan:
+def plan_pipeline(
+    preset: Preset, work: Workload, budget_minutes: float | None, scale: float | None = None
+) -> PipelinePlan:
     """Scale the preset's step counts so the estimated run fits `budget_minutes` (None: keep them).
     `scale`: the one an earlier plan of this run chose, kept so its finished stages stay valid."""
     stages = estimate(preset, work)
@@ -114,8 +133,10 @@ def plan_pipeline(preset: Preset, work: Workload, budget_minutes: float | None,
     scaled = scale_preset(preset, chosen, work.qa_train)
     plan = PipelinePlan(budget_minutes, chosen, scaled, tuple(estimate(scaled, work)))
     if scale is None and plan.estimated_minutes > budget_minutes * BUDGET_SLACK:  # the minimum step counts do not fit
-        raise ValueError(f"a budget of {budget_minutes:g} min is too small: even {MIN_TRAINING_STEPS} steps per "
-                         f"trainer take about {plan.estimated_minutes:.0f} min on the {preset.name} preset")
+        raise ValueError(
+            f"a budget of {budget_minutes:g} min is too small: even {MIN_TRAINING_STEPS} steps per "
+            f"trainer take about {plan.estimated_minutes:.0f} min on the {preset.name} preset"
+        )
     return plan
 
 
@@ -125,6 +146,21 @@ def _scale_to_fit(preset: Preset, stages: list[StageEstimate], budget_minutes: f
     training = sum(s.steps * s.step_seconds for s in stages)
     left = budget_minutes * 60 - fixed
     if left <= 0 or training <= 0:
-        raise ValueError(f"a budget of {budget_minutes:g} min is too small: embedding, tagging and evaluation "
-                         f"alone take about {fixed / 60:.0f} min on the {preset.name} preset")
+        raise ValueError(
+            f"a budget of {budget_minutes:g} min is too small: embedding, tagging and evaluation "
+            f"alone take about {fixed / 60:.0f} min on the {preset.name} preset"
+        )
     return left / training
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    inputs: tuple[str, ...] = (VITAL_ARTICLES,)
+    run_dir: Path = Path("runs/default")
+    warm_start: str = "minilm"  # both retriever towers and the reader ("random": tests)
+    qa_train: Path | None = None
+    qa_dev: Path | None = None
+    ablations: bool = False
+    budget_minutes: float | None = None
+    progress: bool = True
+    command: str = "realm pipeline"  # as typed, for the report

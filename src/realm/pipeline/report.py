@@ -6,15 +6,13 @@ the only constants are the paper's published numbers, shown beside ours and labe
 
 from __future__ import annotations
 
-import base64
-import html
-import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from realm.common.io import write_atomic
+from realm.pipeline.document import Document
 from realm.pipeline.plan import PipelinePlan
+from realm.training import read_metrics
 
 # Guu et al. (2020), Table 2 / section 4.4: NQ dev exact match of REALM and the ablated variant.
 PAPER_ABLATIONS = {
@@ -27,78 +25,6 @@ CURVES = {  # trainer stage -> the metrics plotted, in panel order
     "realm": ("loss", "accuracy", "utility", "staleness_steps"),
     "qa": ("loss", "train_em", "answer_in_top_k", "dev_em"),
 }
-
-
-@dataclass
-class Document:
-    """Blocks rendered both as Markdown and as HTML, so the two reports always say the same thing."""
-
-    blocks: list[tuple[str, object]] = field(default_factory=list)
-
-    def heading(self, text: str, level: int = 2) -> None:
-        self.blocks.append(("heading", (level, text)))
-
-    def paragraph(self, text: str) -> None:
-        self.blocks.append(("paragraph", text))
-
-    def table(self, header: list[str], rows: list[list[object]]) -> None:
-        self.blocks.append(("table", (header, [[_cell(v) for v in row] for row in rows])))
-
-    def image(self, path: Path, alt: str) -> None:
-        self.blocks.append(("image", (path, alt)))
-
-    def markdown(self, folder: Path) -> str:
-        out = []
-        for kind, value in self.blocks:
-            if kind == "heading":
-                out.append("#" * value[0] + " " + value[1])
-            elif kind == "paragraph":
-                out.append(value)
-            elif kind == "table":
-                header, rows = value
-                lines = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-                lines += ["| " + " | ".join(row) + " |" for row in rows]
-                out.append("\n".join(lines))
-            else:
-                path, alt = value
-                out.append(f"![{alt}]({path.relative_to(folder).as_posix()})")
-        return "\n\n".join(out) + "\n"
-
-    def html(self, title: str) -> str:
-        out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
-               "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-               "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;"
-               "text-align:left;vertical-align:top}img{max-width:100%}</style></head><body>"]
-        for kind, value in self.blocks:
-            if kind == "heading":
-                out.append(f"<h{value[0]}>{html.escape(value[1])}</h{value[0]}>")
-            elif kind == "paragraph":
-                out.append(f"<p>{html.escape(value)}</p>")
-            elif kind == "table":
-                header, rows = value
-                out.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"
-                           + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-                           + "</table>")
-            else:
-                path, alt = value
-                data = base64.b64encode(path.read_bytes()).decode()
-                out.append(f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'>")
-        return "\n".join(out) + "</body></html>\n"
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.2f}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def read_metrics(folder: Path) -> list[dict]:
-    path = folder / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def plot_curves(stage: str, rows: list[dict], out: Path) -> Path | None:
@@ -116,8 +42,11 @@ def plot_curves(stage: str, rows: list[dict], out: Path) -> Path | None:
         points = [(r["step"], r[name]) for r in rows if name in r]
         ax.plot(*zip(*points), marker="o" if len(points) < 10 else None, linewidth=1.2)
         if stage == "realm" and name == "accuracy" and any("null_accuracy" in r for r in rows):
-            ax.plot(*zip(*[(r["step"], r["null_accuracy"]) for r in rows if "null_accuracy" in r]), linewidth=1.0,
-                    label="null document only")
+            ax.plot(
+                *zip(*[(r["step"], r["null_accuracy"]) for r in rows if "null_accuracy" in r]),
+                linewidth=1.0,
+                label="null document only",
+            )
             ax.legend(fontsize=7)
         ax.set_title(name.replace("_", " "), fontsize=9)
         ax.set_xlabel("step", fontsize=8)
@@ -134,31 +63,54 @@ def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
     preset = plan.preset
     doc.heading("Configuration")
     corpus = r.get("corpus", {})
-    doc.table(["setting", "value"], [
-        ["preset", preset.name],
-        ["budget", f"{plan.budget_minutes:g} min (training steps x{plan.scale:.3f} of the preset)"
-         if plan.budget_minutes else "none (the preset's step counts)"],
-        ["estimated time", f"{plan.estimated_minutes:.1f} min"],
-        ["corpus", f"{corpus.get('documents')} documents -> {corpus.get('blocks')} blocks of <= "
-                   f"{preset.corpus.max_block_tokens} wordpieces (fingerprint {corpus.get('fingerprint')})"],
-        ["warm start", r.get("warm_start", {}).get("model")],
-        ["ICT", f"{preset.ict.steps} steps, batch {preset.ict.batch_size}, lr {preset.ict.lr:g}"],
-        ["REALM pretraining", f"{preset.pretrain.steps} steps, batch {preset.pretrain.batch_size}, lr {preset.pretrain.lr:g}, "
-                              f"{preset.pretrain.num_candidates} candidates incl. null, {preset.pretrain.masking} masking, "
-                              f"refresh every {preset.pretrain.refresh_every} steps, towers frozen for "
-                              f"{preset.pretrain.retriever_frozen_steps} steps"],
-        ["QA fine-tuning", f"{r['qa']['train']['steps']} steps, batch {preset.qa.batch_size}, lr {preset.qa.lr:g}, "
-                           f"top-{preset.qa.top_k} blocks, beam {preset.qa.beam}"
-         if "qa" in r else "not run (no --qa-train / --qa-dev)"],
-    ])
+    doc.table(
+        ["setting", "value"],
+        [
+            ["preset", preset.name],
+            [
+                "budget",
+                f"{plan.budget_minutes:g} min (training steps x{plan.scale:.3f} of the preset)"
+                if plan.budget_minutes
+                else "none (the preset's step counts)",
+            ],
+            ["estimated time", f"{plan.estimated_minutes:.1f} min"],
+            [
+                "corpus",
+                f"{corpus.get('documents')} documents -> {corpus.get('blocks')} blocks of <= "
+                f"{preset.corpus.max_block_tokens} wordpieces (fingerprint {corpus.get('fingerprint')})",
+            ],
+            ["warm start", r.get("warm_start", {}).get("model")],
+            ["ICT", f"{preset.ict.steps} steps, batch {preset.ict.batch_size}, lr {preset.ict.lr:g}"],
+            [
+                "REALM pretraining",
+                f"{preset.pretrain.steps} steps, batch {preset.pretrain.batch_size}, lr {preset.pretrain.lr:g}, "
+                f"{preset.pretrain.num_candidates} candidates incl. null, {preset.pretrain.masking} masking, "
+                f"refresh every {preset.pretrain.refresh_every} steps, towers frozen for "
+                f"{preset.pretrain.retriever_frozen_steps} steps",
+            ],
+            [
+                "QA fine-tuning",
+                f"{r['qa']['train']['steps']} steps, batch {preset.qa.batch_size}, lr {preset.qa.lr:g}, "
+                f"top-{preset.qa.top_k} blocks, beam {preset.qa.beam}"
+                if "qa" in r
+                else "not run (no --qa-train / --qa-dev)",
+            ],
+        ],
+    )
 
 
 def _stages(doc: Document, records: dict, plan: PipelinePlan) -> None:
     doc.heading("Stages")
     estimated = {s.name: s.seconds for s in plan.stages}
-    done = [[name, estimated[name] / 60 if name in estimated else None,
-             f"{record.seconds / 60:.2f}" + (" (resumed: after the cut)" if record.resumed else ""),
-             time.strftime("%Y-%m-%d %H:%M", time.localtime(record.finished))] for name, record in records.items()]
+    done = [
+        [
+            name,
+            estimated[name] / 60 if name in estimated else None,
+            f"{record.seconds / 60:.2f}" + (" (resumed: after the cut)" if record.resumed else ""),
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(record.finished)),
+        ]
+        for name, record in records.items()
+    ]
     pending = [[name, seconds / 60, None, "pending"] for name, seconds in estimated.items() if name not in records]
     doc.table(["stage", "estimated min", "took min", "finished"], done + pending)
 
@@ -177,58 +129,110 @@ def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
     ev = r["eval"]
     doc.heading("Retrieval recall on the dev questions")
     selection = plan.preset.qa.dev_limit or ev["dense"]["questions"]
-    doc.paragraph(f"Percent of the {ev['dense']['questions']} questions with an answer-bearing block in the top k. "
-                  f"Fine-tuning scores the first {selection} of them at the end of each epoch (and of the run) and keeps "
-                  "the best checkpoint, so with more than one epoch the exact match below is slightly optimistic.")
+    doc.paragraph(
+        f"Percent of the {ev['dense']['questions']} questions with an answer-bearing block in the top k. "
+        f"Fine-tuning scores the first {selection} of them at the end of each epoch (and of the run) and keeps "
+        "the best checkpoint, so with more than one epoch the exact match below is slightly optimistic."
+    )
     ks = ["recall@1", "recall@5", "recall@20"]
     rows = [["BM25", *(ev["bm25"].get(k) for k in ks)]]
-    rows += [[f"{key.split('/', 1)[1]} (zero-shot)", *(values.get(k) for k in ks)]
-             for key, values in ev.items() if key.startswith("zero_shot/")]
+    rows += [
+        [f"{key.split('/', 1)[1]} (zero-shot)", *(values.get(k) for k in ks)]
+        for key, values in ev.items()
+        if key.startswith("zero_shot/")
+    ]
     rows += [["REALM, fine-tuned query tower", *(ev["dense"].get(k) for k in ks)]]
     doc.table(["retriever", *ks], rows)
     doc.heading("Open-QA exact match")
-    rows = [["REALM retriever + reader (fine-tuned)", ev["dense"]["exact_match"], ev["dense"]["recall@5"]],
-            ["BM25 + the same reader", ev["bm25"]["exact_match"], ev["bm25"]["recall@5"]]]
+    rows = [
+        ["REALM retriever + reader (fine-tuned)", ev["dense"]["exact_match"], ev["dense"]["recall@5"]],
+        ["BM25 + the same reader", ev["bm25"]["exact_match"], ev["bm25"]["recall@5"]],
+    ]
     if "qa_ict" in r:
-        rows.append(["ICT retriever + warm-start reader, fine-tuned (ORQA-style)", r["qa_ict"]["dense"]["exact_match"],
-                     r["qa_ict"]["dense"]["recall@5"]])
+        rows.append(
+            [
+                "ICT retriever + warm-start reader, fine-tuned (ORQA-style)",
+                r["qa_ict"]["dense"]["exact_match"],
+                r["qa_ict"]["dense"]["recall@5"],
+            ]
+        )
     doc.table(["system", "exact match", "recall@5"], rows)
 
 
 def _ablations(doc: Document, r: dict) -> None:
     """One row per ablation; a row whose run has not finished yet shows dashes."""
     doc.heading("Ablations (the paper's, in miniature)")
-    doc.paragraph("Exact match on our dev questions after fine-tuning; the paper's numbers are NQ dev exact match "
-                  "(Guu et al., 2020). Same corpus, data and step counts for every row.")
+    doc.paragraph(
+        "Exact match on our dev questions after fine-tuning; the paper's numbers are NQ dev exact match "
+        "(Guu et al., 2020). Same corpus, data and step counts for every row."
+    )
     rows = []
     for what, (ours_label, other_label, paper_ours, paper_other, other_stage) in PAPER_ABLATIONS.items():
         ours = r["eval"]["dense"]["exact_match"]
         other = r[other_stage]["dense"]["exact_match"] if other_stage in r else None
-        rows.append([what, f"{ours_label} vs {other_label}", ours, other, None if other is None else ours - other,
-                     paper_ours, paper_other])
+        rows.append(
+            [
+                what,
+                f"{ours_label} vs {other_label}",
+                ours,
+                other,
+                None if other is None else ours - other,
+                paper_ours,
+                paper_other,
+            ]
+        )
     doc.table(["ablation", "comparison", "ours EM", "ablated EM", "difference", "paper EM", "paper ablated EM"], rows)
 
 
 def _examples(doc: Document, r: dict, plan: PipelinePlan) -> None:
     ex = r["examples"]
     doc.heading("Does retrieval help the language model? (held-out sentences)")
-    doc.table(["reader input", "masked-token accuracy", "whole-span accuracy", "retrieval utility (nats/mask)"], [
-        ["null document only", ex["null_only"]["token_accuracy"], ex["null_only"]["span_accuracy"], None],
-        [f"{plan.preset.pretrain.num_candidates} candidates incl. null (marginal)", ex["with_retrieval"]["token_accuracy"],
-         ex["with_retrieval"]["span_accuracy"], ex["with_retrieval"]["utility"]]])
+    doc.table(
+        ["reader input", "masked-token accuracy", "whole-span accuracy", "retrieval utility (nats/mask)"],
+        [
+            ["null document only", ex["null_only"]["token_accuracy"], ex["null_only"]["span_accuracy"], None],
+            [
+                f"{plan.preset.pretrain.num_candidates} candidates incl. null (marginal)",
+                ex["with_retrieval"]["token_accuracy"],
+                ex["with_retrieval"]["span_accuracy"],
+                ex["with_retrieval"]["utility"],
+            ],
+        ],
+    )
     doc.heading("Worked examples (like the paper's Table 3)")
-    doc.paragraph(f"The {len(ex['examples'])} of the first {ex['pool']} held-out sentences where the top retrieved block "
-                  "raised the probability of the masked span the most over no retrieval; span probabilities are "
-                  "products over its wordpieces.")
-    doc.table(["masked sentence", "answer", "p without retrieval", "top retrieved block", "p(z|x)",
-               "p with that block", "marginal p"],
-              [[e["masked_sentence"], e["answer"], f"{e['p_without_retrieval']:.2e}",
-                f"{e['top_block_title']}: {e['top_block_text'][:240]}", e["p_top_block"],
-                f"{e['p_with_top_block']:.2e}", f"{e['p_marginal']:.2e}"] for e in ex["examples"]])
+    doc.paragraph(
+        f"The {len(ex['examples'])} of the first {ex['pool']} held-out sentences where the top retrieved block "
+        "raised the probability of the masked span the most over no retrieval; span probabilities are "
+        "products over its wordpieces."
+    )
+    doc.table(
+        [
+            "masked sentence",
+            "answer",
+            "p without retrieval",
+            "top retrieved block",
+            "p(z|x)",
+            "p with that block",
+            "marginal p",
+        ],
+        [
+            [
+                e["masked_sentence"],
+                e["answer"],
+                f"{e['p_without_retrieval']:.2e}",
+                f"{e['top_block_title']}: {e['top_block_text'][:240]}",
+                e["p_top_block"],
+                f"{e['p_with_top_block']:.2e}",
+                f"{e['p_marginal']:.2e}",
+            ]
+            for e in ex["examples"]
+        ],
+    )
 
 
-def write_report(run_dir: Path, records: dict, plan: PipelinePlan, seconds: float, command: str,
-                 complete: bool = True) -> Path:
+def write_report(
+    run_dir: Path, records: dict, plan: PipelinePlan, seconds: float, command: str, complete: bool = True
+) -> Path:
     """Write `report.md` and `report.html` (everything) and `results.md` (the numbers and the command only)
     in `run_dir`, from the stage records of this run. The pipeline writes them after every stage
     (`complete=False`), so a long run has a report of what has finished so far."""
@@ -236,13 +240,16 @@ def write_report(run_dir: Path, records: dict, plan: PipelinePlan, seconds: floa
     r = {name: record.result for name, record in records.items()}
     planned = {s.name for s in plan.stages}
     has_ablations = "eval" in r and any(other in planned for *_, other in PAPER_ABLATIONS.values())
-    status = ("" if complete else
-              f" **In progress:** {len(records)} stages done; the Stages table lists those still pending.")
+    status = (
+        "" if complete else f" **In progress:** {len(records)} stages done; the Stages table lists those still pending."
+    )
     doc = Document()
     doc.heading(f"REALM pipeline report: {run_dir.name}", 1)
-    doc.paragraph(f"Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `{command}`; this invocation took "
-                  f"{seconds / 60:.1f} min (stages reused from earlier invocations are not counted). "
-                  "Every number below comes from this run's stage records, metrics logs and plan." + status)
+    doc.paragraph(
+        f"Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `{command}`; this invocation took "
+        f"{seconds / 60:.1f} min (stages reused from earlier invocations are not counted). "
+        "Every number below comes from this run's stage records, metrics logs and plan." + status
+    )
     _configuration(doc, r, plan)
     _stages(doc, records, plan)
     _curves(doc, run_dir, records)
@@ -264,7 +271,9 @@ def write_report(run_dir: Path, records: dict, plan: PipelinePlan, seconds: floa
 
     report = run_dir / "report.md"
     write_atomic(report, lambda tmp: tmp.write_text(doc.markdown(run_dir), encoding="utf-8"))
-    write_atomic(run_dir / "report.html",
-                 lambda tmp: tmp.write_text(doc.html(f"REALM pipeline report: {run_dir.name}"), encoding="utf-8"))
+    write_atomic(
+        run_dir / "report.html",
+        lambda tmp: tmp.write_text(doc.html(f"REALM pipeline report: {run_dir.name}"), encoding="utf-8"),
+    )
     write_atomic(run_dir / "results.md", lambda tmp: tmp.write_text(results.markdown(run_dir), encoding="utf-8"))
     return report

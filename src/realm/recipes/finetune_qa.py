@@ -1,5 +1,5 @@
 """Open-QA fine-tuning recipe (ORQA/REALM): the document index stays frozen; the query tower and the
-span reader train on log p(y | x) (see qa.py) plus the early-update retrieval loss over the beam.
+span reader train on log p(y | x) (models/orqa.py) plus the early-update retrieval loss over the beam.
 
 Per step: embed the questions, search the frozen index for the beam, mark the beam blocks holding an
 answer, give the top k to the reader with every span that reads as an answer, step. After each epoch,
@@ -8,12 +8,12 @@ exact match on the dev questions; the best model is kept in out/best (retriever/
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ from realm.training import (
     linear_schedule,
     load_checkpoint,
     optimizer_step,
+    record_run_config,
     save_checkpoint,
     setup_distributed,
 )
@@ -49,20 +50,23 @@ log = logging.getLogger(__name__)
 BEST = "best"
 
 
-def make_qa_batch(model: QAModel, examples: Sequence[QAExample], index: MipsIndex, store: BlockStore, k: int,
-                  beam: int) -> QABatch:
+def make_qa_batch(
+    model: QAModel, examples: Sequence[QAExample], index: MipsIndex, store: BlockStore, k: int, beam: int
+) -> QABatch:
     """Retrieve the beam with the current query tower (no gradient here) and label answers and spans."""
     questions = [e.question for e in examples]
     query = model.retriever.encode_queries(questions)
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        vectors = model.retriever.query_tower(**{k: v.to(device) for k, v in query.items()}).float().cpu().numpy()
+    vectors = model.retriever.query_vectors(query)
     _, ids = index.search(vectors, max(beam, k))  # (B, R), best first
     valid = ids >= 0
     unique = np.unique(ids[valid])
     bodies = dict(zip(unique.tolist(), (b.body for b in store.take(unique.tolist()))))
-    beam_answer = np.array([[ok and has_answer(bodies[int(i)], example) for i, ok in zip(row, row_ok)]
-                            for example, row, row_ok in zip(examples, ids, valid)])
+    beam_answer = np.array(
+        [
+            [ok and has_answer(bodies[int(i)], example) for i, ok in zip(row, row_ok)]
+            for example, row, row_ok in zip(examples, ids, valid)
+        ]
+    )
     beam_vectors = torch.from_numpy(index.stored_vectors(np.where(valid, ids, index.block_ids[0])))  # (B, R, D)
     top = ids[:, :k]
     if (top < 0).any():
@@ -70,8 +74,9 @@ def make_qa_batch(model: QAModel, examples: Sequence[QAExample], index: MipsInde
     blocks = [model.blocks([bodies[int(i)] for i in row], store.config.max_block_tokens) for row in top]
     reader = reader_batch(model.reader.tokenizer, model.question_ids(questions), blocks)
     match = torch.zeros_like(reader.span_valid)
-    for n, (example, block_id, spans) in enumerate((e, int(i), s) for e, row, srow in zip(examples, top, blocks)
-                                                   for i, s in zip(row, srow)):
+    for n, (example, block_id, spans) in enumerate(
+        (e, int(i), s) for e, row, srow in zip(examples, top, blocks) for i, s in zip(row, srow)
+    ):
         labels = matching_spans(bodies[block_id], spans, example)
         match[n, : len(labels)] = torch.tensor(labels, dtype=torch.bool)
     return QABatch(dict(query), beam_vectors, torch.from_numpy(valid), torch.from_numpy(beam_answer), reader, match)
@@ -87,8 +92,18 @@ def save_best(model: QAModel, folder: Path, dev: dict) -> None:
     write_dir_atomic(folder, write)
 
 
-def train_qa(model_spec: str, index_dir: Path, train: Sequence[QAExample], dev: Sequence[QAExample], out: Path,
-             preset: Preset, resume: bool = False, progress: bool = True, reader_spec: str | None = None) -> Path:
+def train_qa(
+    model_spec: str,
+    index_dir: Path,
+    train: Sequence[QAExample],
+    dev: Sequence[QAExample],
+    out: Path,
+    preset: Preset,
+    resume: bool = False,
+    progress: bool = True,
+    reader_spec: str | None = None,
+    allow_config_change: bool = False,
+) -> Path:
     """Fine-tune; returns out/best, the model with the best dev exact match. `reader_spec` overrides the
     reader warm start of `model_spec` (the ORQA-style baseline: an ICT retriever with a BERT reader)."""
     cfg = preset.qa
@@ -100,18 +115,39 @@ def train_qa(model_spec: str, index_dir: Path, train: Sequence[QAExample], dev: 
     out.mkdir(parents=True, exist_ok=True)
     index = MipsIndex(index_dir)
     store = index.corpus()
-    config = dataclasses.replace(preset.retriever, **index.meta.retriever)  # pooling etc. of the index's model
+    config = index.retriever_config(preset.retriever)  # pooling etc. of the index's model
     model = QAModel.load(model_spec, config, cfg.span_hidden, cfg.max_span_width, reader=reader_spec)
     DenseSearcher(index, model.retriever, store)  # refuses an index built by another document tower
     model.to(device).train()
     k = min(cfg.top_k, len(index.block_ids))
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
     total = cfg.total_steps(len(train))
-    optimizer = bert_optimizer(model, cfg.lr, prefix_lrs={"reader.span_head.": cfg.lr * cfg.head_lr_multiplier,
-                                                          "retriever.": cfg.retriever_lr or cfg.lr})
+    optimizer = bert_optimizer(
+        model,
+        cfg.lr,
+        prefix_lrs={"reader.span_head.": cfg.lr * cfg.head_lr_multiplier, "retriever.": cfg.retriever_lr or cfg.lr},
+    )
     scheduler = linear_schedule(optimizer, cfg.warmup_steps(total), total)
     order = DataOrder(len(train), cfg.seed)
     step, position, best_em = 0, DataPosition(), -1.0
+    if d.main:
+        record_run_config(
+            out,
+            {
+                "recipe": "finetune_qa",
+                "model": model_spec,
+                "reader": reader_spec,
+                "index": str(index_dir),
+                "index_version": index.version,
+                "qa": asdict(cfg),
+                "retriever": asdict(config),
+                "compute_dtype": preset.embed.compute_dtype,
+                "train_questions": len(train),
+                "dev_questions": len(dev),
+            },
+            resume,
+            allow_config_change,
+        )
     found = latest_checkpoint(out) if resume else None
     if found is not None:
         step, position, state = load_checkpoint(found, model, optimizer, scheduler, d)
@@ -130,22 +166,42 @@ def train_qa(model_spec: str, index_dir: Path, train: Sequence[QAExample], dev: 
             loss.backward()
             optimizer_step(model, optimizer, scheduler)
             step += 1
-            metrics = {"loss": loss.item(), **{name: v.item() for name, v in stats.items()},
-                       "lr": scheduler.get_last_lr()[0]}
+            metrics = {
+                "loss": loss.item(),
+                **{name: v.item() for name, v in stats.items()},
+                "lr": scheduler.get_last_lr()[0],
+            }
             end_of_epoch = step % steps_per_epoch == 0 or step == total  # epochs counted in steps
             epoch = math.ceil(step / steps_per_epoch)
             if end_of_epoch and d.main:
                 model.eval()
-                em = evaluate_qa(Answerer(model, DenseSearcher(index, model.retriever, store), k,
-                                          store.config.max_block_tokens, dtype=dtype), dev_part,
-                                 recall_ks=())["exact_match"]
+                em = evaluate_qa(
+                    Answerer(
+                        model,
+                        DenseSearcher(index, model.retriever, store),
+                        k,
+                        store.config.max_block_tokens,
+                        dtype=dtype,
+                    ),
+                    dev_part,
+                    recall_ks=(),
+                )["exact_match"]
                 model.train()
                 metrics["dev_em"] = em
                 log.info("epoch %d: dev exact match %.2f on %d questions", epoch, em, len(dev_part))
                 if em > best_em:
                     best_em = em
-                    save_best(model, out / BEST, {"exact_match": em, "epoch": epoch, "step": step,
-                                                  "questions": len(dev_part), "time": time.time()})
+                    save_best(
+                        model,
+                        out / BEST,
+                        {
+                            "exact_match": em,
+                            "epoch": epoch,
+                            "step": step,
+                            "questions": len(dev_part),
+                            "time": time.time(),
+                        },
+                    )
             metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or end_of_epoch)
             if step % cfg.checkpoint_every == 0 or end_of_epoch:
                 save_checkpoint(out, step, model, optimizer, scheduler, position, d, extra={"best_em": best_em})

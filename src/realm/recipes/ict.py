@@ -7,7 +7,9 @@ process uses its share of the global batch as its negatives.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,7 @@ from realm.training import (
     linear_schedule,
     load_checkpoint,
     optimizer_step,
+    record_run_config,
     save_checkpoint,
     setup_distributed,
 )
@@ -52,20 +55,37 @@ def ict_pair(body: str, rng: np.random.Generator, remove_prob: float) -> tuple[s
     return query, context
 
 
-def make_ict_batch(tokenizer: PreTrainedTokenizerBase, titles: list[str], bodies: list[str],
-                   rngs: list[np.random.Generator], remove_prob: float, query_max_tokens: int,
-                   corpus_config: CorpusConfig) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def make_ict_batch(
+    tokenizer: PreTrainedTokenizerBase,
+    titles: list[str],
+    bodies: list[str],
+    rngs: list[np.random.Generator],
+    remove_prob: float,
+    query_max_tokens: int,
+    corpus_config: CorpusConfig,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Pseudo-queries (B, Lq) and their contexts (B, Ld) for B blocks of at least two sentences."""
     pairs = [ict_pair(body, rng, remove_prob) for body, rng in zip(bodies, rngs)]
-    query = dict(tokenizer([q for q, _ in pairs], padding=True, truncation=True, max_length=query_max_tokens,
-                           return_tensors="pt"))
+    query = dict(
+        tokenizer(
+            [q for q, _ in pairs], padding=True, truncation=True, max_length=query_max_tokens, return_tensors="pt"
+        )
+    )
     ids, types = encode_blocks(tokenizer, titles, [c for _, c in pairs], corpus_config)
     return query, pad_batch(ids, types, tokenizer.pad_token_id)
 
 
-def train_ict(corpus: Path, out: Path, model_spec: str, preset: Preset, resume: bool = False,
-              progress: bool = True, steps: int | None = None) -> Path:
-    """Train both towers with ICT; writes checkpoints and the final retriever to out/retriever."""
+def train_ict(
+    corpus: Path,
+    out: Path,
+    model_spec: str,
+    preset: Preset,
+    resume: bool = False,
+    progress: bool = True,
+    steps: int | None = None,
+    allow_config_change: bool = False,
+) -> Path:
+    """Train both towers with ICT; writes config.json, checkpoints and the final retriever to out/retriever."""
     cfg = preset.ict
     steps = steps or cfg.steps
     d = setup_distributed()
@@ -86,6 +106,20 @@ def train_ict(corpus: Path, out: Path, model_spec: str, preset: Preset, resume: 
     optimizer = bert_optimizer(model, cfg.lr)
     scheduler = linear_schedule(optimizer, cfg.warmup_steps, steps)
     step, position = 0, DataPosition()
+    if d.main:
+        record_run_config(
+            out,
+            {
+                "recipe": "ict",
+                "corpus": str(corpus),
+                "model": model_spec,
+                "ict": asdict(dataclasses.replace(cfg, steps=steps)),
+                "retriever": asdict(preset.retriever),
+                "compute_dtype": preset.embed.compute_dtype,
+            },
+            resume,
+            allow_config_change,
+        )
     found = latest_checkpoint(out) if resume else None
     if found is not None:
         step, position, _ = load_checkpoint(found, model, optimizer, scheduler, d)
@@ -97,16 +131,27 @@ def train_ict(corpus: Path, out: Path, model_spec: str, preset: Preset, resume: 
         epoch = position.epoch
         indices, position = order.take(position, cfg.batch_size)
         local = indices[d.rank :: d.world_size]
-        query, docs = make_ict_batch(tokenizer, [titles[usable[i]] for i in local], [bodies[usable[i]] for i in local],
-                                     [example_rng(cfg.seed, epoch, int(i)) for i in local], cfg.remove_sentence_prob,
-                                     preset.retriever.query_max_tokens, store.config)
+        query, docs = make_ict_batch(
+            tokenizer,
+            [titles[usable[i]] for i in local],
+            [bodies[usable[i]] for i in local],
+            [example_rng(cfg.seed, epoch, int(i)) for i in local],
+            cfg.remove_sentence_prob,
+            preset.retriever.query_max_tokens,
+            store.config,
+        )
         with autocast(dtype, device):
-            loss, accuracy = trained({k: v.to(device) for k, v in query.items()}, {k: v.to(device) for k, v in docs.items()})
+            loss, accuracy = trained(
+                {k: v.to(device) for k, v in query.items()}, {k: v.to(device) for k, v in docs.items()}
+            )
         loss.backward()
         optimizer_step(model, optimizer, scheduler)
         step += 1
-        metrics_log.step(step, {"loss": loss.item(), "accuracy": accuracy.item(), "lr": scheduler.get_last_lr()[0]},
-                         log_now=step % cfg.log_every == 0 or step == steps)
+        metrics_log.step(
+            step,
+            {"loss": loss.item(), "accuracy": accuracy.item(), "lr": float(scheduler.get_last_lr()[0])},
+            log_now=step % cfg.log_every == 0 or step == steps,
+        )
         if step % cfg.checkpoint_every == 0 or step == steps:
             save_checkpoint(out, step, model, optimizer, scheduler, position, d)
     metrics_log.close()

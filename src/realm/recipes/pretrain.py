@@ -2,7 +2,7 @@
 
 Per step: mask one sentence per example; embed the masked queries with the current query tower; search
 the current index version for the top candidates; drop the trivial ones (blocks of the sentence's own
-document); prepend the null document; compute the marginal loss of realm_model.py with the current
+document); prepend the null document; compute the marginal loss of models/realm.py with the current
 towers and reader; step. Between steps the trainer switches to a newer index version if the builder
 published one. Every `refresh_every` steps it saves a retriever snapshot for the builder.
 """
@@ -10,9 +10,8 @@ published one. Every `refresh_every` steps it saves a retriever snapshot for the
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +22,21 @@ from torch.nn.parallel import DistributedDataParallel
 from realm.common.device import autocast, default_device, resolve_compute_dtype
 from realm.config import Preset, PretrainConfig
 from realm.data.blocks import BlockStore
-from realm.data.sentences import SentenceSet, build_sentences, mask_sentence
+from realm.data.sentences import (
+    SentenceSet,
+    build_sentences,
+    mask_sentence,
+    sentences_path,
+)
 from realm.index.mips import MipsIndex, current_version
-from realm.index.refresh import STOP_FILE, RefreshPolicy, build_from_retriever, save_snapshot
+from realm.index.refresh import (
+    STOP_FILE,
+    BuilderConfig,
+    RefreshPolicy,
+    build_from_retriever,
+    save_snapshot,
+    start_builder,
+)
 from realm.index.search import retrieve
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmBatch, RealmModel, make_batch, pad_queries
@@ -42,6 +53,7 @@ from realm.training import (
     linear_schedule,
     load_checkpoint,
     optimizer_step,
+    record_run_config,
     save_checkpoint,
     setup_distributed,
 )
@@ -49,30 +61,46 @@ from realm.training import (
 log = logging.getLogger(__name__)
 
 
-
-def start_builder(out: Path, corpus: Path, preset: Preset, policy: RefreshPolicy) -> subprocess.Popen:
-    """The index builder as a separate process (`realm index refresh`), logging to out/builder.log."""
-    cmd = [sys.executable, "-m", "realm.cli", "index", "refresh", "--watch", str(out / "snapshots"),
-           "--corpus", str(corpus), "--out", str(out / "index"), "--preset", preset.name,
-           "--refresh-every", str(policy.every_steps), "--threads", "1", "--exit-with-parent", "--quiet"]
-    handle = open(out / "builder.log", "a")
-    return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)
-
-
-def make_pretrain_batch(model: RealmModel, index: MipsIndex | None, sentences: SentenceSet, rows: np.ndarray,
-                        epoch: int, cfg: PretrainConfig, query_max_tokens: int, store: BlockStore,
-                        block_doc_ids: np.ndarray, device: torch.device, dtype: torch.dtype) -> RealmBatch:
+def make_pretrain_batch(
+    model: RealmModel,
+    index: MipsIndex | None,
+    sentences: SentenceSet,
+    rows: np.ndarray,
+    epoch: int,
+    cfg: PretrainConfig,
+    query_max_tokens: int,
+    store: BlockStore,
+    block_doc_ids: np.ndarray,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> RealmBatch:
     """Mask the sentences `rows`, retrieve their candidates from `index` with the current query tower (none
     without an index: the null document alone), and assemble the reader inputs, on `device`."""
     tokenizer = model.retriever.tokenizer
-    queries = [mask_sentence(sentences.texts[i], sentences.spans[i], cfg.masking, tokenizer, query_max_tokens,
-                             cfg.max_masks, example_rng(cfg.seed, epoch, int(i))) for i in rows]
+    queries = [
+        mask_sentence(
+            sentences.texts[i],
+            sentences.spans[i],
+            cfg.masking,
+            tokenizer,
+            query_max_tokens,
+            cfg.max_masks,
+            example_rng(cfg.seed, epoch, int(i)),
+        )
+        for i in rows
+    ]
     retrieved = np.empty((len(rows), 0), dtype=np.int64)
     if index is not None:
         query, *_ = pad_queries(queries, tokenizer.pad_token_id)
         with autocast(dtype, device):
-            retrieved = retrieve(model, index, {k: v.to(device) for k, v in query.items()}, block_doc_ids,
-                                 [sentences.doc_ids[i] for i in rows], cfg.num_candidates - 1)
+            retrieved = retrieve(
+                model,
+                index,
+                {k: v.to(device) for k, v in query.items()},
+                block_doc_ids,
+                [sentences.doc_ids[i] for i in rows],
+                cfg.num_candidates - 1,
+            )
     return make_batch(queries, retrieved, store, tokenizer, store.config).to(device)
 
 
@@ -84,8 +112,16 @@ def _mean_over_ranks(values: dict[str, float], d: Dist) -> dict[str, float]:
     return dict(zip(values, (tensor / d.world_size).tolist()))
 
 
-def train_pretrain(corpus: Path, out: Path, retriever_spec: str, reader_spec: str, preset: Preset,
-                   resume: bool = False, progress: bool = True) -> Path:
+def train_pretrain(
+    corpus: Path,
+    out: Path,
+    retriever_spec: str,
+    reader_spec: str,
+    preset: Preset,
+    resume: bool = False,
+    progress: bool = True,
+    allow_config_change: bool = False,
+) -> Path:
     cfg = preset.pretrain
     d = setup_distributed()
     device = default_device()
@@ -100,19 +136,41 @@ def train_pretrain(corpus: Path, out: Path, retriever_spec: str, reader_spec: st
         build_sentences(store, progress)  # tag once, cached beside the corpus
     if d.world_size > 1:
         dist.barrier()
-    sentences = SentenceSet(store.folder / "sentences.arrow", cfg.held_out_fraction, held_out=False)
+    sentences = SentenceSet(sentences_path(store), cfg.held_out_fraction, held_out=False)
     order = DataOrder(len(sentences), cfg.seed)
 
-    model = RealmModel(Retriever.load(retriever_spec, preset.retriever), Reader.load(reader_spec, preset.retriever.shape))
+    model = RealmModel(
+        Retriever.load(retriever_spec, preset.retriever), Reader.load(reader_spec, preset.retriever.shape)
+    )
     model.to(device).train()
     # The decoder is tied to the word embeddings (trained at the base rate); the transform and bias are fresh.
     # Until the head predicts something, the retrieval gradient is noise that Adam would turn into full-size
     # steps on the towers (this collapsed the retriever on the cpu preset), so the towers may start later.
-    optimizer = bert_optimizer(model, cfg.lr, prefix_lrs={"reader.mlm.cls.": cfg.lr * cfg.head_lr_multiplier,
-                                                          "retriever.": cfg.retriever_lr or cfg.lr})
-    scheduler = linear_schedule(optimizer, cfg.warmup_steps, cfg.steps,
-                                start_at={"retriever.": cfg.retriever_frozen_steps})
+    optimizer = bert_optimizer(
+        model,
+        cfg.lr,
+        prefix_lrs={"reader.mlm.cls.": cfg.lr * cfg.head_lr_multiplier, "retriever.": cfg.retriever_lr or cfg.lr},
+    )
+    scheduler = linear_schedule(
+        optimizer, cfg.warmup_steps, cfg.steps, start_at={"retriever.": cfg.retriever_frozen_steps}
+    )
     step, position = 0, DataPosition()
+    if d.main:
+        record_run_config(
+            out,
+            {
+                "recipe": "pretrain",
+                "corpus": str(corpus),
+                "retriever_model": retriever_spec,
+                "reader_model": reader_spec,
+                "pretrain": asdict(cfg),
+                "retriever": asdict(preset.retriever),
+                "embed": asdict(preset.embed),
+                "index": asdict(preset.index),
+            },
+            resume,
+            allow_config_change,
+        )
     found = latest_checkpoint(out) if resume else None
     if found is not None:
         step, position, _ = load_checkpoint(found, model, optimizer, scheduler, d)
@@ -122,28 +180,43 @@ def train_pretrain(corpus: Path, out: Path, retriever_spec: str, reader_spec: st
     retrieval = cfg.num_candidates > 1  # 1: the null document alone, i.e. masked-LM without retrieval (a baseline)
     if not retrieval:
         policy = RefreshPolicy(0)
+    # The first index and every rebuild use the same settings: the builder process receives these as JSON.
+    builder_config = BuilderConfig(preset.embed, preset.index, preset.retriever, policy.every_steps)
     if d.main and retrieval and current_version(index_dir) is None:  # a new corpus: bootstrap the first index
         log.info("no index yet in %s: building the first one from the current retriever", index_dir)
-        build_from_retriever(model.retriever, store, index_dir, preset.embed, preset.index, step, time.time(), progress)
+        build_from_retriever(
+            model.retriever, store, index_dir, builder_config.embed, builder_config.index, step, time.time(), progress
+        )
     if d.world_size > 1:
         dist.barrier()
     (out / "snapshots" / STOP_FILE).unlink(missing_ok=True)  # left by an earlier run's clean exit
-    builder = start_builder(out, Path(corpus), preset, policy) if d.main and not policy.frozen else None
+    builder = start_builder(out, Path(corpus), builder_config) if d.main and not policy.frozen else None
     index = MipsIndex(index_dir) if retrieval else None
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
     metrics_log = MetricsLog(out, cfg.steps, step, d, "REALM", progress)
     builder_warned = False
     try:
         while step < cfg.steps:
-            if retrieval:
+            if index is not None:
                 published = broadcast(current_version(index_dir) if d.main else None, d)
                 if policy.should_reload(index.version, published):
                     index = MipsIndex(index_dir, published)
             epoch = position.epoch
             indices, position = order.take(position, cfg.batch_size)
             local = indices[d.rank :: d.world_size]
-            batch = make_pretrain_batch(model, index, sentences, local, epoch, cfg, preset.retriever.query_max_tokens,
-                                        store, block_doc_ids, device, dtype)
+            batch = make_pretrain_batch(
+                model,
+                index,
+                sentences,
+                local,
+                epoch,
+                cfg,
+                preset.retriever.query_max_tokens,
+                store,
+                block_doc_ids,
+                device,
+                dtype,
+            )
             with autocast(dtype, device):
                 loss, stats = trained(batch)
             loss.backward()
@@ -151,16 +224,25 @@ def train_pretrain(corpus: Path, out: Path, retriever_spec: str, reader_spec: st
             step += 1
 
             builder_alive = builder is None or builder.poll() is None
-            if not builder_alive and not builder_warned:
-                log.warning("index builder exited (code %s); training continues on index v%d, see %s",
-                            builder.returncode, index.version, out / "builder.log")
+            if builder is not None and index is not None and not builder_alive and not builder_warned:
+                log.warning(
+                    "index builder exited (code %s); training continues on index v%d, see %s",
+                    builder.returncode,
+                    index.version,
+                    out / "builder.log",
+                )
                 builder_warned = True
-            metrics = _mean_over_ranks({"loss": loss.item(), **{k: v.item() for k, v in stats.items() if v.ndim == 0}}, d)
-            metrics["lr"] = scheduler.get_last_lr()[0]
-            if retrieval:
-                metrics |= {"index_version": index.version, "staleness_steps": step - (index.meta.checkpoint_step or 0),
-                            "staleness_seconds": time.time() - (index.meta.checkpoint_time or index.meta.created),
-                            "builder_alive": float(builder_alive)}
+            metrics = _mean_over_ranks(
+                {"loss": loss.item(), **{k: v.item() for k, v in stats.items() if v.ndim == 0}}, d
+            )
+            metrics["lr"] = float(scheduler.get_last_lr()[0])
+            if index is not None:
+                metrics |= {
+                    "index_version": index.version,
+                    "staleness_steps": step - (index.meta.checkpoint_step or 0),
+                    "staleness_seconds": time.time() - (index.meta.checkpoint_time or index.meta.created),
+                    "builder_alive": float(builder_alive),
+                }
             metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or step == cfg.steps)
             if d.main and policy.should_snapshot(step):
                 save_snapshot(model.retriever, out / "snapshots", step)

@@ -61,8 +61,15 @@ class Knowledge:
 class QAService:
     """An Answerer whose searcher follows the index folder's CURRENT version; one inference at a time."""
 
-    def __init__(self, answerer: Answerer, index_dir: str | Path, version: int, model_spec: str, retriever: str,
-                 corpus: str | Path | None = None):
+    def __init__(
+        self,
+        answerer: Answerer,
+        index_dir: str | Path,
+        version: int,
+        model_spec: str,
+        retriever: str,
+        corpus: str | Path | None = None,
+    ):
         self.answerer = answerer  # the model and reader; the live searcher is `self.knowledge.searcher`
         self.index_dir = Path(index_dir)
         self.model_spec = model_spec
@@ -73,10 +80,19 @@ class QAService:
         self._lock = threading.RLock()
 
     @classmethod
-    def load(cls, model_spec: str, index_dir: str | Path, preset: Preset, retriever: str = "dense",
-             k: int | None = None, corpus: str | Path | None = None) -> QAService:
+    def load(
+        cls,
+        model_spec: str,
+        index_dir: str | Path,
+        preset: Preset,
+        retriever: str = "dense",
+        k: int | None = None,
+        corpus: str | Path | None = None,
+    ) -> QAService:
         """The version is read before loading: if a newer one lands meanwhile, the first request swaps to it."""
         version = current_version(Path(index_dir))
+        if version is None:
+            raise MipsIndexError(f"{index_dir}: no published index (no CURRENT); build one with `realm index build`")
         answerer = load_answerer(model_spec, index_dir, preset, retriever, k, corpus, version)
         return cls(answerer, index_dir, version, model_spec, retriever, corpus)
 
@@ -87,17 +103,20 @@ class QAService:
             try:
                 version = current_version(self.index_dir)
             except (OSError, ValueError) as err:
-                log.warning("index %s: unreadable CURRENT (%s); keeping v%d", self.index_dir, err,
-                            self.knowledge.version)
+                log.warning(
+                    "index %s: unreadable CURRENT (%s); keeping v%d", self.index_dir, err, self.knowledge.version
+                )
                 return
             if version in (None, self.knowledge.version, self._unservable):
                 return
             try:
-                searcher = open_searcher(MipsIndex(self.index_dir, version), self.retriever,
-                                         self.answerer.model.retriever, self.corpus)
+                searcher = open_searcher(
+                    MipsIndex(self.index_dir, version), self.retriever, self.answerer.model.retriever, self.corpus
+                )
             except (MipsIndexError, OSError, ValueError) as err:
-                log.warning("index %s: cannot serve v%d (%s); keeping v%d", self.index_dir, version, err,
-                            self.knowledge.version)
+                log.warning(
+                    "index %s: cannot serve v%d (%s); keeping v%d", self.index_dir, version, err, self.knowledge.version
+                )
                 self._unservable = version
                 return
             self.knowledge = Knowledge(version, searcher)
@@ -114,8 +133,14 @@ class QAService:
     def health(self) -> dict:
         """Lock-free, so that it answers while a question is being read."""
         knowledge = self.knowledge
-        return {"status": "ok", "index_version": knowledge.version, "num_blocks": knowledge.num_blocks,
-                "model": self.model_spec, "retriever": self.retriever, "k": self.answerer.k}
+        return {
+            "status": "ok",
+            "index_version": knowledge.version,
+            "num_blocks": knowledge.num_blocks,
+            "model": self.model_spec,
+            "retriever": self.retriever,
+            "k": self.answerer.k,
+        }
 
 
 def _message(err: RequestValidationError) -> str:

@@ -23,11 +23,22 @@ from realm.index.update import add_documents, remove_documents
 from realm.models.retriever import Retriever
 from realm.serve.service import MAX_K, MAX_QUESTION_CHARS, QAService, create_app
 
-QUESTIONS = ["What is the capital of Japan?", "Where did Bach die?", "Who walked on the Moon in 1969?",
-             "Into which sea does the Nile flow?", "What does the Louvre hold?", "When was Bach born?",
-             "Where is the Eiffel Tower?", "How long is the Nile?"]
-EVEREST = {"id": "everest", "title": "Mount Everest", "text": "Mount Everest is Earth's highest mountain above sea "
-           "level, in the Himalayas. Its summit is 8,849 metres high."}
+QUESTIONS = [
+    "What is the capital of Japan?",
+    "Where did Bach die?",
+    "Who walked on the Moon in 1969?",
+    "Into which sea does the Nile flow?",
+    "What does the Louvre hold?",
+    "When was Bach born?",
+    "Where is the Eiffel Tower?",
+    "How long is the Nile?",
+]
+EVEREST = {
+    "id": "everest",
+    "title": "Mount Everest",
+    "text": "Mount Everest is Earth's highest mountain above sea "
+    "level, in the Himalayas. Its summit is 8,849 metres high.",
+}
 
 
 @pytest.fixture
@@ -36,8 +47,14 @@ def client(qa_service: QAService) -> TestClient:
 
 
 def test_health_names_what_is_served(client, tiny_qa, tiny_corpus):
-    assert client.get("/health").json() == {"status": "ok", "index_version": 1, "num_blocks": len(tiny_corpus),
-                                            "model": str(tiny_qa[0]), "retriever": "dense", "k": TINY_QA.top_k}
+    assert client.get("/health").json() == {
+        "status": "ok",
+        "index_version": 1,
+        "num_blocks": len(tiny_corpus),
+        "model": str(tiny_qa[0]),
+        "retriever": "dense",
+        "k": TINY_QA.top_k,
+    }
 
 
 def test_page_is_self_contained(client):
@@ -62,35 +79,44 @@ def test_answer_comes_with_its_evidence(client):
     assert client.post("/ask", json={"question": "x" * MAX_QUESTION_CHARS}).status_code == 200
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ({"question": ""}, "question: the question is empty"),
-    ({"question": " \n\t "}, "question: the question is empty"),
-    ({"question": "x" * (MAX_QUESTION_CHARS + 1)}, f"question: String should have at most {MAX_QUESTION_CHARS} characters"),
-    ({"question": "q", "k": 0}, "k: Input should be greater than or equal to 1"),
-    ({"question": "q", "k": MAX_K + 1}, f"k: Input should be less than or equal to {MAX_K}"),
-    ({"question": "q", "k": "3"}, "k: Input should be a valid integer"),
-    ({"question": "q", "k": 2.5}, "k: Input should be a valid integer"),
-    ({"question": "q", "k": True}, "k: Input should be a valid integer"),
-    ({}, "question: Field required"),
-    ({"k": 3}, "question: Field required"),
-    ({"question": 42}, "question: Input should be a valid string"),
-    ({"question": None}, "question: Input should be a valid string"),
-    ({"question": ["q"]}, "question: Input should be a valid string"),
-    ({"question": "q", "top_k": 3}, "top_k: Extra inputs are not permitted"),
-    (["q"], "body: Input should be a valid dictionary or object to extract fields from"),
-    ("q", "body: Input should be a valid dictionary or object to extract fields from"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"question": ""}, "question: the question is empty"),
+        ({"question": " \n\t "}, "question: the question is empty"),
+        (
+            {"question": "x" * (MAX_QUESTION_CHARS + 1)},
+            f"question: String should have at most {MAX_QUESTION_CHARS} characters",
+        ),
+        ({"question": "q", "k": 0}, "k: Input should be greater than or equal to 1"),
+        ({"question": "q", "k": MAX_K + 1}, f"k: Input should be less than or equal to {MAX_K}"),
+        ({"question": "q", "k": "3"}, "k: Input should be a valid integer"),
+        ({"question": "q", "k": 2.5}, "k: Input should be a valid integer"),
+        ({"question": "q", "k": True}, "k: Input should be a valid integer"),
+        ({}, "question: Field required"),
+        ({"k": 3}, "question: Field required"),
+        ({"question": 42}, "question: Input should be a valid string"),
+        ({"question": None}, "question: Input should be a valid string"),
+        ({"question": ["q"]}, "question: Input should be a valid string"),
+        ({"question": "q", "top_k": 3}, "top_k: Extra inputs are not permitted"),
+        (["q"], "body: Input should be a valid dictionary or object to extract fields from"),
+        ("q", "body: Input should be a valid dictionary or object to extract fields from"),
+    ],
+)
 def test_bad_input_is_a_4xx_with_a_clear_message(client, body, message):
     response = client.post("/ask", json=body)
     assert response.status_code == 422
     assert response.json()["detail"] == message
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (b"", "body: Field required"),
-    (b"{not json", "body: not valid JSON (Expecting property name enclosed in double quotes at character 1)"),
-    (b"\xff\xfe", "body: not valid JSON (Expecting value at character 0)"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "body: Field required"),
+        (b"{not json", "body: not valid JSON (Expecting property name enclosed in double quotes at character 1)"),
+        (b"\xff\xfe", "body: not valid JSON (Expecting value at character 0)"),
+    ],
+)
 def test_unreadable_bodies_are_a_4xx_too(client, content, message):
     response = client.post("/ask", content=content, headers={"Content-Type": "application/json"})
     assert response.status_code == 422 and response.json()["detail"] == message
@@ -170,7 +196,7 @@ def test_a_version_it_cannot_serve_leaves_the_current_one_answering(tiny_qa, tin
 
 def test_serve_command_binds_to_this_machine_by_default(tiny_qa, tiny_corpus, monkeypatch):
     model_dir, index_dir = tiny_qa
-    monkeypatch.setattr("realm.cli.main.get_preset", lambda name: TINY_QA_PRESET)
+    monkeypatch.setattr("realm.cli.options.get_preset", lambda name: TINY_QA_PRESET)
     started = {}
     monkeypatch.setattr("uvicorn.run", lambda app, **kwargs: started.update(app=app, **kwargs))
     assert main(["serve", "--model", str(model_dir), "--index", str(index_dir), "--top-k", "2", "--quiet"]) == 0

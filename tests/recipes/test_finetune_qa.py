@@ -20,12 +20,14 @@ from realm.models.span_reader import block_spans, matching_spans, span_log_probs
 from realm.recipes.finetune_qa import train_qa
 
 PRESET = TINY_QA_PRESET
-QUESTIONS = [QAExample("What is the capital of Japan?", ("Tokyo",)),
-             QAExample("Where did Bach die?", ("Leipzig",)),
-             QAExample("Who walked on the Moon in 1969?", ("Neil Armstrong",)),
-             QAExample("Into which sea does the Nile flow?", ("the Mediterranean Sea", "Mediterranean")),
-             QAExample("What does the Louvre hold?", ("the Mona Lisa",)),
-             QAExample("When was Bach born?", (r"16\d\d",), regex=True)]
+QUESTIONS = [
+    QAExample("What is the capital of Japan?", ("Tokyo",)),
+    QAExample("Where did Bach die?", ("Leipzig",)),
+    QAExample("Who walked on the Moon in 1969?", ("Neil Armstrong",)),
+    QAExample("Into which sea does the Nile flow?", ("the Mediterranean Sea", "Mediterranean")),
+    QAExample("What does the Louvre hold?", ("the Mona Lisa",)),
+    QAExample("When was Bach born?", (r"16\d\d",), regex=True),
+]
 
 
 def test_marginal_over_blocks_and_spans_matches_hand_computation():
@@ -46,8 +48,9 @@ def test_marginal_over_blocks_and_spans_matches_hand_computation():
     assert stats["reader_loss"].item() == pytest.approx(-math.log(p_answer), rel=1e-5)
     assert stats["retrieval_loss"].item() == pytest.approx(-math.log(p_beam), rel=1e-5)
     assert loss.item() == pytest.approx(-math.log(p_answer) - math.log(p_beam), rel=1e-5)
-    assert marginal_answer_log_likelihood(torch.log(torch.tensor([pz])), log_ps, match).exp().item() \
-        == pytest.approx(p_answer, rel=1e-5)
+    assert marginal_answer_log_likelihood(torch.log(torch.tensor([pz])), log_ps, match).exp().item() == pytest.approx(
+        p_answer, rel=1e-5
+    )
 
 
 def test_unanswerable_examples_add_nothing_and_keep_gradients_finite():
@@ -58,13 +61,19 @@ def test_unanswerable_examples_add_nothing_and_keep_gradients_finite():
     match = torch.zeros(2, 2, 5, dtype=torch.bool)
     match[0, 0, 2] = True  # only the first example has an answer in its top 2 ...
     beam_answer = torch.tensor([[True, False, False], [False, False, False]])  # ... and in its beam
-    loss, stats = qa_loss(f_beam, torch.ones(2, 3, dtype=torch.bool), beam_answer,
-                          span_log_probs(scores, valid).view(2, 2, 5), match)
+    loss, stats = qa_loss(
+        f_beam, torch.ones(2, 3, dtype=torch.bool), beam_answer, span_log_probs(scores, valid).view(2, 2, 5), match
+    )
     loss.backward()
     assert torch.isfinite(f_beam.grad).all() and torch.isfinite(scores.grad).all()
     assert scores.grad[2:].abs().sum() == 0 and f_beam.grad[1].abs().sum() == 0  # example 2 contributes nothing
-    alone, _ = qa_loss(f_beam[:1], torch.ones(1, 3, dtype=torch.bool), beam_answer[:1],
-                       span_log_probs(scores[:2], valid[:2]).view(1, 2, 5), match[:1])
+    alone, _ = qa_loss(
+        f_beam[:1],
+        torch.ones(1, 3, dtype=torch.bool),
+        beam_answer[:1],
+        span_log_probs(scores[:2], valid[:2]).view(1, 2, 5),
+        match[:1],
+    )
     assert loss.item() == pytest.approx(alone.item() / 2, rel=1e-5)  # summed over answerable, divided by B
     assert stats["answer_in_top_k"].item() == 0.5
 
@@ -77,9 +86,17 @@ def test_spans_are_whole_words_and_match_normalised_or_regex_answers(tokenizer):
         assert span[1] - span[0] < 4
         start, end = spans.char_span(span)
         assert not inside_word(start) and not inside_word(end)  # whole words only
-    found = [spans.text(body, s) for s, ok in zip(spans.spans, matching_spans(body, spans, QAExample("q", ("eisenach",)))) if ok]
+    found = [
+        spans.text(body, s)
+        for s, ok in zip(spans.spans, matching_spans(body, spans, QAExample("q", ("eisenach",))))
+        if ok
+    ]
     assert found == ["Eisenach"]
-    years = [spans.text(body, s) for s, ok in zip(spans.spans, matching_spans(body, spans, QAExample("q", (r"16\d\d",), regex=True))) if ok]
+    years = [
+        spans.text(body, s)
+        for s, ok in zip(spans.spans, matching_spans(body, spans, QAExample("q", (r"16\d\d",), regex=True)))
+        if ok
+    ]
     assert years == ["1685"]
     assert not any(matching_spans(body, spans, QAExample("q", ("Paris",))))
 
@@ -93,8 +110,10 @@ def test_fine_tuning_keeps_best_model_and_resumes_exactly(tmp_path, tiny_qa):
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and sum("dev_em" in r for r in rows) == 2
     assert all(math.isfinite(r["loss"]) for r in rows)
     # The document tower never changes: the fine-tuned model still opens the same index.
-    DenseSearcher(__import__("realm.index.mips", fromlist=["MipsIndex"]).MipsIndex(index_dir),
-                  Retriever.load(str(best / "retriever"), PRESET.retriever))
+    DenseSearcher(
+        __import__("realm.index.mips", fromlist=["MipsIndex"]).MipsIndex(index_dir),
+        Retriever.load(str(best / "retriever"), PRESET.retriever),
+    )
 
     crashed = tmp_path / "crashed"
     shutil.copytree(tmp_path / "run", crashed)
@@ -127,22 +146,47 @@ def test_answers_come_with_consistent_evidence(tiny_qa, tiny_corpus):
 
 def test_eval_qa_and_ask_commands(tmp_path, tiny_qa, capsys, monkeypatch):
     model_dir, index_dir = tiny_qa
-    monkeypatch.setattr("realm.cli.main.get_preset", lambda name: PRESET)
+    monkeypatch.setattr("realm.cli.options.get_preset", lambda name: PRESET)
     qa_file = tmp_path / "qa.jsonl"
-    qa_file.write_text("".join(json.dumps({"question": q.question, "answer": list(q.answers)}) + "\n"
-                               for q in QUESTIONS[:5]))
+    qa_file.write_text(
+        "".join(json.dumps({"question": q.question, "answer": list(q.answers)}) + "\n" for q in QUESTIONS[:5])
+    )
     for retriever in ("dense", "bm25"):
         out = tmp_path / f"{retriever}.jsonl"
-        assert main(["eval", "qa", "--model", str(model_dir), "--index", str(index_dir), "--qa", str(qa_file),
-                     "--out", str(out), "--retriever", retriever, "--recall-k", "1,3", "--json", "--quiet"]) == 0
+        assert (
+            main(
+                [
+                    "eval",
+                    "qa",
+                    "--model",
+                    str(model_dir),
+                    "--index",
+                    str(index_dir),
+                    "--qa",
+                    str(qa_file),
+                    "--out",
+                    str(out),
+                    "--retriever",
+                    retriever,
+                    "--recall-k",
+                    "1,3",
+                    "--json",
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
         summary = json.loads(capsys.readouterr().out)
         predictions = [json.loads(line) for line in out.read_text().splitlines()]
         assert summary["questions"] == 5 and set(summary) >= {"exact_match", "recall@1", "recall@3"}
         assert summary["exact_match"] == pytest.approx(
-            100 * sum(is_exact_match(p["prediction"], QUESTIONS[i]) for i, p in enumerate(predictions)) / 5)
+            100 * sum(is_exact_match(p["prediction"], QUESTIONS[i]) for i, p in enumerate(predictions)) / 5
+        )
         assert all(len(p["evidence"]) == 3 or retriever == "bm25" for p in predictions)
-    assert main(["ask", "What is the capital of Japan?", "--model", str(model_dir), "--index", str(index_dir),
-                 "--quiet"]) == 0
+    assert (
+        main(["ask", "What is the capital of Japan?", "--model", str(model_dir), "--index", str(index_dir), "--quiet"])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "p(z|x)" in printed and "[[" in printed and "]]" in printed
     assert main(["ask", "anything", "--model", str(tmp_path / "nope"), "--index", str(index_dir), "--quiet"]) == 2

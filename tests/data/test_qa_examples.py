@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from conftest import SHARED_DATA
 
-from realm.data.qa_examples import QAExample, has_answer, is_exact_match, load_qa, normalize_answer
+from realm.data.qa_examples import (
+    QAExample,
+    has_answer,
+    is_exact_match,
+    load_qa,
+    normalize_answer,
+)
 from realm.eval.retrieval import recall_at_k
 from realm.index.search import SearchHit
 
@@ -59,7 +65,8 @@ def test_recall_at_k():
         [_hit("nothing here")],  # miss
     ]
     assert recall_at_k(examples, hits, [1, 3, 10]) == pytest.approx(
-        {"recall@1": 100 / 3, "recall@3": 200 / 3, "recall@10": 200 / 3})
+        {"recall@1": 100 / 3, "recall@3": 200 / 3, "recall@10": 200 / 3}
+    )
     with pytest.raises(ValueError):
         recall_at_k(examples, hits[:2], [1])
 

@@ -79,8 +79,9 @@ def test_bucketed_batches_equal_one_at_a_time(tiny_retriever):
     """Length bucketing and padding must not change any block's embedding."""
     titles = ["Paris", "Tokyo", "Nile", "Bach", "Moon"]
     bodies = ["Paris is the capital of France.", "Tokyo " * 20, "Long river.", "Composer " * 30, "Satellite."]
-    embedder = BlockEmbedder(tiny_retriever.doc_tower, tiny_retriever.tokenizer, TINY_CORPUS,
-                             EmbedConfig(batch_size=3, compute_dtype="fp32"))
+    embedder = BlockEmbedder(
+        tiny_retriever.doc_tower, tiny_retriever.tokenizer, TINY_CORPUS, EmbedConfig(batch_size=3, compute_dtype="fp32")
+    )
     batched = embedder.embed(titles, bodies)
     single = [embedder.embed([t], [b])[0] for t, b in zip(titles, bodies)]
     assert np.allclose(batched, np.stack(single), atol=1e-5)

@@ -156,7 +156,10 @@ def test_squad_zip_matches_shared_paragraphs():
 
 
 def test_squad_json_and_bad_squad(tmp_path):
-    data = {"version": "1.1", "data": [{"title": "Some_Article", "paragraphs": [{"context": "Text one."}, {"context": ""}]}]}
+    data = {
+        "version": "1.1",
+        "data": [{"title": "Some_Article", "paragraphs": [{"context": "Text one."}, {"context": ""}]}],
+    }
     path = tmp_path / "squad.json"
     path.write_text(json.dumps(data))
     with pytest.raises(CorpusError, match="article 0 paragraph 1"):

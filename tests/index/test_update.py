@@ -18,11 +18,18 @@ from realm.index.search import BM25Searcher, DenseSearcher
 from realm.index.update import add_documents, remove_documents
 from realm.models.retriever import Retriever
 
-EVEREST = {"id": "everest", "title": "Mount Everest", "text": "Mount Everest is Earth's highest mountain above sea "
-           "level, in the Himalayas on the border of Nepal and China. Its summit is 8,849 metres high. Tenzing Norgay "
-           "and Edmund Hillary first reached the summit in 1953."}
-PIANO = {"id": "piano", "title": "Piano", "text": "The piano is a keyboard instrument invented in Italy by Bartolomeo "
-         "Cristofori around 1700."}
+EVEREST = {
+    "id": "everest",
+    "title": "Mount Everest",
+    "text": "Mount Everest is Earth's highest mountain above sea "
+    "level, in the Himalayas on the border of Nepal and China. Its summit is 8,849 metres high. Tenzing Norgay "
+    "and Edmund Hillary first reached the summit in 1953.",
+}
+PIANO = {
+    "id": "piano",
+    "title": "Piano",
+    "text": "The piano is a keyboard instrument invented in Italy by Bartolomeo Cristofori around 1700.",
+}
 
 
 def _jsonl(path: Path, *docs: dict) -> str:
@@ -64,8 +71,13 @@ def test_added_document_is_found_through_the_layered_store(tmp_path, index_dir, 
 
     # The base corpus is never modified; the new blocks live in the index folder.
     assert sorted(p.name for p in tiny_corpus.folder.iterdir()) == corpus_files
-    assert index.meta.added == [{"file": f"{ADDED}/{next((index_dir / ADDED).iterdir()).name}",
-                                 "first_id": len(tiny_corpus), "num_blocks": done.blocks}]
+    assert index.meta.added == [
+        {
+            "file": f"{ADDED}/{next((index_dir / ADDED).iterdir()).name}",
+            "first_id": len(tiny_corpus),
+            "num_blocks": done.blocks,
+        }
+    ]
 
 
 def test_adding_an_existing_id_fails_and_publishes_nothing(tmp_path, index_dir, tiny_retriever):
@@ -77,8 +89,9 @@ def test_adding_an_existing_id_fails_and_publishes_nothing(tmp_path, index_dir, 
     remove_documents(MipsIndex(index_dir), ["paris"], keep_versions=2)
     done = _add(index_dir, tiny_retriever, _jsonl(tmp_path / "new.jsonl", clash))
     assert done.version == 3
-    paris = " ".join(h.text for h in DenseSearcher(MipsIndex(index_dir), tiny_retriever).search("x", 1000)
-                     if h.doc_id == "paris")
+    paris = " ".join(
+        h.text for h in DenseSearcher(MipsIndex(index_dir), tiny_retriever).search("x", 1000) if h.doc_id == "paris"
+    )
     assert "Everest" in paris and "Eiffel" not in paris
 
 
@@ -86,7 +99,12 @@ def test_removed_blocks_are_gone_from_dense_and_bm25(index_dir, tiny_corpus, tin
     bach = [i for i, doc_id in enumerate(tiny_corpus.column("doc_id")) if doc_id == "bach"]
     assert BM25Searcher(MipsIndex(index_dir).corpus()).search("Eisenach", 3)[0].doc_id == "bach"
     done = remove_documents(MipsIndex(index_dir), ["bach", "bach"], keep_versions=2)
-    assert (done.version, done.documents, done.blocks, done.live_blocks) == (2, 1, len(bach), len(tiny_corpus) - len(bach))
+    assert (done.version, done.documents, done.blocks, done.live_blocks) == (
+        2,
+        1,
+        len(bach),
+        len(tiny_corpus) - len(bach),
+    )
 
     index = MipsIndex(index_dir)
     hits = DenseSearcher(index, tiny_retriever).search("Bach composer Leipzig", 1000)
@@ -115,7 +133,9 @@ def test_older_versions_resolve_their_own_blocks(tmp_path, index_dir, tiny_corpu
     first_everest, first_piano = len(tiny_corpus), len(tiny_corpus) + everest.blocks  # ids are never reused
     v2, v4 = MipsIndex(index_dir, 2), MipsIndex(index_dir, 4)
     assert v2.corpus().take([first_everest])[0].doc_id == "everest"
-    assert {h.doc_id for h in DenseSearcher(v2, tiny_retriever).search("x", 1000)} == {d["id"] for d in DOCS} | {"everest"}
+    assert {h.doc_id for h in DenseSearcher(v2, tiny_retriever).search("x", 1000)} == {d["id"] for d in DOCS} | {
+        "everest"
+    }
     v4_hits = DenseSearcher(v4, tiny_retriever).search("x", 1000)
     assert {h.doc_id for h in v4_hits} == {d["id"] for d in DOCS} | {"piano"}
     assert min(h.block_id for h in v4_hits if h.doc_id == "piano") == first_piano
@@ -129,8 +149,9 @@ def test_updates_keep_the_backend_and_its_parameters(tmp_path, tiny_corpus, tiny
     remove_documents(MipsIndex(tmp_path / "index"), ["moon"], keep_versions=2)
     index = MipsIndex(tmp_path / "index")
     assert (index.version, index.meta.backend) == (3, backend)
-    assert {k: v for k, v in index.meta.params.items() if k != "nbits"} == \
-        {k: v for k, v in built.params.items() if k != "nbits"}  # PQ bits follow the number of vectors
+    assert {k: v for k, v in index.meta.params.items() if k != "nbits"} == {
+        k: v for k, v in built.params.items() if k != "nbits"
+    }  # PQ bits follow the number of vectors
     hits = DenseSearcher(index, tiny_retriever).search("Everest", 1000)
     assert "everest" in {h.doc_id for h in hits} and "moon" not in {h.doc_id for h in hits}
 
@@ -172,8 +193,22 @@ def test_cli_add_search_remove(tmp_path, docs_file, tiny_retriever, capsys):
     assert "'nowhere'" in capsys.readouterr().err
 
     (tmp_path / "ids.txt").write_text("piano\n\n")
-    assert main(["index", "remove", "--index", index, "--ids", "everest", "--ids-file", str(tmp_path / "ids.txt"),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "index",
+                "remove",
+                "--index",
+                index,
+                "--ids",
+                "everest",
+                "--ids-file",
+                str(tmp_path / "ids.txt"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert "v3: removed 2 documents" in capsys.readouterr().out
     assert main(["search", "--index", index, "--model", model, "Everest", "-k", "100", "--json"]) == 0
     assert {h["doc_id"] for h in json.loads(capsys.readouterr().out)} == {d["id"] for d in DOCS}

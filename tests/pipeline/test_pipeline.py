@@ -11,8 +11,9 @@ import pytest
 from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
 
 from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, get_preset
-from realm.pipeline.plan import Workload, plan_pipeline
-from realm.pipeline.run import STAGES, Pipeline, PipelineOptions, Stages, describe_input
+from realm.pipeline.plan import PipelineOptions, Workload, plan_pipeline
+from realm.pipeline.run import Pipeline
+from realm.pipeline.stages import STAGES, Stages, describe_input
 
 
 def test_budget_scales_every_training_stage_to_fit():
@@ -91,16 +92,35 @@ def test_an_input_is_its_content_not_its_path_or_mtime(tmp_path):
 
 
 TINY_PIPELINE = Preset(
-    name="cpu", corpus=TINY_CORPUS, retriever=TINY_RETRIEVER,
-    embed=dataclasses.replace(TINY_EMBED, shard_size=1000), index=IndexConfig(),
+    name="cpu",
+    corpus=TINY_CORPUS,
+    retriever=TINY_RETRIEVER,
+    embed=dataclasses.replace(TINY_EMBED, shard_size=1000),
+    index=IndexConfig(),
     ict=ICTConfig(steps=2, batch_size=4, lr=1e-3, warmup_steps=1, checkpoint_every=1, log_every=1),
-    pretrain=PretrainConfig(steps=4, batch_size=4, lr=1e-3, head_lr_multiplier=10, warmup_steps=1, num_candidates=3,
-                            max_masks=5, refresh_every=2, checkpoint_every=2, log_every=1, held_out_fraction=0.3),
+    pretrain=PretrainConfig(
+        steps=4,
+        batch_size=4,
+        lr=1e-3,
+        head_lr_multiplier=10,
+        warmup_steps=1,
+        num_candidates=3,
+        max_masks=5,
+        refresh_every=2,
+        checkpoint_every=2,
+        log_every=1,
+        held_out_fraction=0.3,
+    ),
     qa=dataclasses.replace(TINY_QA, epochs=1),
 )
-QUESTIONS = [("What is the capital of France?", "Paris"), ("Where was Bach born?", "Eisenach"),
-             ("When did Armstrong walk on the Moon?", "1969"), ("What is the capital of Japan?", "Tokyo"),
-             ("Into which sea does the Nile flow?", "Mediterranean Sea"), ("Where did Bach die?", "Leipzig")]
+QUESTIONS = [
+    ("What is the capital of France?", "Paris"),
+    ("Where was Bach born?", "Eisenach"),
+    ("When did Armstrong walk on the Moon?", "1969"),
+    ("What is the capital of Japan?", "Tokyo"),
+    ("Into which sea does the Nile flow?", "Mediterranean Sea"),
+    ("Where did Bach die?", "Leipzig"),
+]
 
 
 @pytest.fixture
@@ -109,21 +129,55 @@ def tiny_run(tmp_path: Path) -> PipelineOptions:
     docs.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
     qa = tmp_path / "qa.jsonl"
     qa.write_text("".join(json.dumps({"question": q, "answer": [a]}) + "\n" for q, a in QUESTIONS))
-    return PipelineOptions(inputs=(str(docs),), run_dir=tmp_path / "run", warm_start="random", qa_train=qa, qa_dev=qa,
-                           ablations=True, progress=False)
+    return PipelineOptions(
+        inputs=(str(docs),),
+        run_dir=tmp_path / "run",
+        warm_start="random",
+        qa_train=qa,
+        qa_dev=qa,
+        ablations=True,
+        progress=False,
+    )
 
 
 def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     said: list[str] = []
     report = Pipeline(tiny_run, TINY_PIPELINE, said.append).run()
     run = tiny_run.run_dir
-    for stage in ("corpus", "warm_start", "ict", "realm", "baseline_index", "ict_index", "realm_index", "qa", "eval",
-                  "qa_ict", "realm_uniform", "realm_uniform_index", "qa_uniform", "realm_frozen", "realm_frozen_index",
-                  "qa_frozen", "examples"):
+    for stage in (
+        "corpus",
+        "warm_start",
+        "ict",
+        "realm",
+        "baseline_index",
+        "ict_index",
+        "realm_index",
+        "qa",
+        "eval",
+        "qa_ict",
+        "realm_uniform",
+        "realm_uniform_index",
+        "qa_uniform",
+        "realm_frozen",
+        "realm_frozen_index",
+        "qa_frozen",
+        "examples",
+    ):
         assert (run / STAGES / f"{stage}.json").is_file(), stage
+        config = json.loads((run / stage / "config.json").read_text())  # every stage saves the config it ran with
+        assert config["config"] and config["version"], stage
+    assert json.loads((run / "ict" / "config.json").read_text())["config"]["recipe"] == "ict"  # the trainer's own
+    assert json.loads((run / "eval" / "config.json").read_text())["config"]["stage"] == "eval"
     text = report.read_text()
-    for section in ("## Configuration", "## Stages", "## Training curves", "## Retrieval recall", "## Open-QA exact match",
-                    "## Ablations", "## Worked examples"):
+    for section in (
+        "## Configuration",
+        "## Stages",
+        "## Training curves",
+        "## Retrieval recall",
+        "## Open-QA exact match",
+        "## Ablations",
+        "## Worked examples",
+    ):
         assert section in text
     assert "In progress" not in text and "pending" not in text
     assert (run / "plots" / "realm.png").is_file() and "data:image/png;base64," in (run / "report.html").read_text()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -24,7 +26,9 @@ def squad_slice(tmp_path_factory):
     docs, qa = [], []
     for a, article in enumerate(data):
         for p, paragraph in enumerate(article["paragraphs"]):
-            docs.append({"id": f"squad:{a}:{p}", "title": article["title"].replace("_", " "), "text": paragraph["context"]})
+            docs.append(
+                {"id": f"squad:{a}:{p}", "title": article["title"].replace("_", " "), "text": paragraph["context"]}
+            )
             for question in paragraph["qas"][:1]:
                 qa.append({"question": question["question"], "answer": [x["text"] for x in question["answers"]]})
     (folder / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
@@ -39,14 +43,27 @@ def test_corpus_index_search_eval(squad_slice, tmp_path, capsys):
     assert main(["index", "build", "--corpus", corpus, "--model", "minilm", "--out", index, "--quiet"]) == 0
     capsys.readouterr()
 
-    assert main(["search", "--index", index, "--model", "minilm", "Which team won Super Bowl 50?", "-k", "3", "--json"]) == 0
+    assert (
+        main(["search", "--index", index, "--model", "minilm", "Which team won Super Bowl 50?", "-k", "3", "--json"])
+        == 0
+    )
     hits = json.loads(capsys.readouterr().out)
     assert len(hits) == 3 and set(hits[0]) == {"block_id", "doc_id", "score", "title", "text"}
     assert hits[0]["title"] == "Super Bowl 50"
 
     results = {}
     for retriever in ("dense", "bm25"):
-        args = ["eval", "retrieval", "--index", index, "--qa", str(squad_slice / "qa.jsonl"), "--json", "--retriever", retriever]
+        args = [
+            "eval",
+            "retrieval",
+            "--index",
+            index,
+            "--qa",
+            str(squad_slice / "qa.jsonl"),
+            "--json",
+            "--retriever",
+            retriever,
+        ]
         assert main(args + (["--model", "minilm"] if retriever == "dense" else [])) == 0
         results[retriever] = json.loads(capsys.readouterr().out)
     for result in results.values():
@@ -55,8 +72,24 @@ def test_corpus_index_search_eval(squad_slice, tmp_path, capsys):
         assert result["recall@20"] >= 60  # real questions about these very paragraphs
     # The pooling an index was built with is recorded, so searching needs no flag to match it.
     cls_index = str(tmp_path / "cls_index")
-    assert main(["index", "build", "--corpus", corpus, "--model", "minilm", "--pooling", "cls", "--out", cls_index,
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "index",
+                "build",
+                "--corpus",
+                corpus,
+                "--model",
+                "minilm",
+                "--pooling",
+                "cls",
+                "--out",
+                cls_index,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert main(["search", "--index", cls_index, "--model", "minilm", "Warsaw"]) == 0
 
 
@@ -68,14 +101,42 @@ def test_cli_errors_are_clear(tmp_path, capsys, squad_slice):
     assert f"{bad}:2: invalid JSON" in capsys.readouterr().err
     assert main(["corpus", "build", str(bad), "--out", str(tmp_path / "c"), "--skip-bad", "--quiet"]) == 0
     assert "1 bad records skipped" in capsys.readouterr().out
-    assert main(["index", "build", "--corpus", str(tmp_path / "c"), "--model", "no-such-model",
-                 "--out", str(tmp_path / "i"), "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "index",
+                "build",
+                "--corpus",
+                str(tmp_path / "c"),
+                "--model",
+                "no-such-model",
+                "--out",
+                str(tmp_path / "i"),
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     assert "unknown model 'no-such-model'" in capsys.readouterr().err
     assert main(["search", "--index", str(tmp_path / "missing"), "--model", "minilm", "q"]) == 2
     assert "no published index" in capsys.readouterr().err
     # An index built by one model refuses another model's document tower.
-    assert main(["index", "build", "--corpus", str(tmp_path / "c"), "--model", "minilm", "--out", str(tmp_path / "i"),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "index",
+                "build",
+                "--corpus",
+                str(tmp_path / "c"),
+                "--model",
+                "minilm",
+                "--out",
+                str(tmp_path / "i"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert main(["search", "--index", str(tmp_path / "i"), "--model", "random", "q"]) == 2
     assert "document tower" in capsys.readouterr().err
 
@@ -94,8 +155,20 @@ def test_builtin_vital_articles_matches_shared_copy():
 def test_pipeline_with_the_real_model_fits_a_tiny_budget(squad_slice, tmp_path, capsys):
     """Every stage with MiniLM on real SQuAD paragraphs and questions, the budget cutting training to a few steps."""
     run = tmp_path / "run"
-    args = ["pipeline", "--inputs", str(squad_slice / "docs.jsonl"), "--run-dir", str(run), "--quiet",
-            "--qa-train", str(squad_slice / "qa.jsonl"), "--qa-dev", str(squad_slice / "qa.jsonl"), "--budget-minutes", "5.5"]
+    args = [
+        "pipeline",
+        "--inputs",
+        str(squad_slice / "docs.jsonl"),
+        "--run-dir",
+        str(run),
+        "--quiet",
+        "--qa-train",
+        str(squad_slice / "qa.jsonl"),
+        "--qa-dev",
+        str(squad_slice / "qa.jsonl"),
+        "--budget-minutes",
+        "5.5",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "budget of 5.5 min" in out and "report:" in out
@@ -110,6 +183,62 @@ def test_pipeline_with_the_real_model_fits_a_tiny_budget(squad_slice, tmp_path, 
 
 
 def test_readme_test_command_is_what_ci_runs():
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     command = (root / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert command in (root / "README.md").read_text()
+
+
+def test_a_training_run_saves_its_config_and_refuses_a_resume_with_other_settings(tiny_corpus, tmp_path, capsys):
+    out = tmp_path / "ict"
+    args = [
+        "train",
+        "ict",
+        "--corpus",
+        str(tiny_corpus.folder),
+        "--out",
+        str(out),
+        "--model",
+        "random",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--quiet",
+    ]
+    assert main(args) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["config"]["ict"]["steps"] == 2 and saved["config"]["ict"]["batch_size"] == 4
+    assert saved["command"] and saved["version"]
+    capsys.readouterr()
+    assert main([*args, "--resume", "--lr", "0.5"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("realm: error:") and "ict.lr" in error and "--allow-config-change" in error
+    assert json.loads((out / "config.json").read_text()) == saved  # the refused resume changed nothing
+    assert main([*args, "--resume", "--lr", "0.5", "--allow-config-change"]) == 0
+    assert json.loads((out / "config.json").read_text())["config"]["ict"]["lr"] == 0.5
+
+
+def test_a_trainers_batch_size_flag_changes_only_that_trainer():
+    from realm.cli.main import build_parser
+    from realm.cli.options import resolve_preset
+    from realm.config import get_preset
+
+    cpu = get_preset("cpu")
+    ict = resolve_preset(
+        build_parser().parse_args(["train", "ict", "--corpus", "c", "--out", "o", "--batch-size", "7"]), "ict"
+    )
+    assert ict.ict.batch_size == 7 and ict.embed == cpu.embed and ict.pretrain == cpu.pretrain
+    index = resolve_preset(
+        build_parser().parse_args(
+            ["index", "build", "--corpus", "c", "--model", "m", "--out", "o", "--batch-size", "9"]
+        )
+    )
+    assert index.embed.batch_size == 9 and index.ict == cpu.ict
+
+
+def test_help_does_not_import_torch():
+    code = (
+        "import sys\nfrom realm.cli.main import build_parser\nbuild_parser()\n"
+        "assert not {'torch', 'transformers', 'faiss'} & set(sys.modules), sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

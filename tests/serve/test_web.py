@@ -21,8 +21,16 @@ from realm.index.mips import MipsIndex
 from realm.index.update import add_documents
 from realm.serve.service import MAX_K, create_app
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 WAIT_SECONDS = 60
 MARKUP = '<img src="x" onerror="window.pwned = 1">'
 TRAP = {"id": "trap", "title": f"Trap {MARKUP}", "text": f"The trap block holds {MARKUP} and <b>bold</b> text."}
@@ -30,7 +38,10 @@ TRAP = {"id": "trap", "title": f"Trap {MARKUP}", "text": f"The trap block holds 
 
 @pytest.fixture
 def browser(tmp_path) -> Iterator[webdriver.Chrome]:
-    chromium, driver = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    chromium, driver = (
+        shutil.which("chromium") or "/usr/bin/chromium",
+        shutil.which("chromedriver") or "/usr/bin/chromedriver",
+    )
     if not (os.path.exists(chromium) and os.path.exists(driver)):
         message = "needs chromium and chromedriver (apt-get install chromium chromium-driver)"
         if os.environ.get("REALM_REQUIRE_BROWSER") == "1":

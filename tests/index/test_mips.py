@@ -13,14 +13,13 @@ from conftest import TINY_EMBED, TINY_RETRIEVER
 from conftest import build_tiny_index as _build
 
 from realm.config import IndexConfig
+from realm.index.backends import ExactSearch, build_faiss
 from realm.index.embed import BlockEmbedder
 from realm.index.mips import (
     BUILDING,
     CURRENT,
-    ExactSearch,
     MipsIndex,
     MipsIndexError,
-    build_faiss,
     current_version,
     publish,
 )
@@ -162,8 +161,18 @@ def test_backends_against_exact_search(tmp_path, backend, min_recall):
     queries = (centers[rng.integers(0, 50, 100)] + 0.5 * rng.normal(size=(100, 128))).astype(np.float32)
     exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
     index_dir = tmp_path / backend
-    meta_fields = dict(doc_tower_fingerprint="-", corpus_fingerprint="-", corpus_path="-", num_vectors=5000, dim=128,
-                       backend=backend, retriever={}, storage_dtype="fp16", embed_seconds=0, build_seconds=0)
+    meta_fields = dict(
+        doc_tower_fingerprint="-",
+        corpus_fingerprint="-",
+        corpus_path="-",
+        num_vectors=5000,
+        dim=128,
+        backend=backend,
+        retriever={},
+        storage_dtype="fp16",
+        embed_seconds=0,
+        build_seconds=0,
+    )
     index, params = build_faiss(vectors, dataclasses.replace(IndexConfig(), backend=backend))
     publish(index_dir, vectors.astype(np.float16), np.arange(5000), index, {**meta_fields, "params": params}, 2)
     scores, found = MipsIndex(index_dir).search(queries, 10)
@@ -232,8 +241,10 @@ def test_flat_index_builds_and_searches_without_faiss(tmp_path, tiny_corpus, tin
 def test_gpu_side_modules_import_without_faiss_bm25s_or_spacy():
     """The GPU image has torch and transformers but not faiss, bm25s or spaCy: training, evaluation and the CLI
     must import there (BM25, approximate backends and salient-span tagging name what is missing when used)."""
-    code = ("import sys\nfor name in ('faiss', 'bm25s', 'spacy'):\n    sys.modules[name] = None\n"
-            "import realm.cli.main, realm.index.mips, realm.index.search, realm.index.refresh, realm.eval.answerer\n"
-            "import realm.eval.mlm, realm.eval.qa, realm.pipeline.run, realm.recipes.ict, realm.recipes.pretrain\n"
-            "import realm.recipes.finetune_qa, realm.data.sentences\n")
+    code = (
+        "import sys\nfor name in ('faiss', 'bm25s', 'spacy'):\n    sys.modules[name] = None\n"
+        "import realm.cli.main, realm.index.mips, realm.index.search, realm.index.refresh, realm.eval.answerer\n"
+        "import realm.eval.mlm, realm.eval.qa, realm.pipeline.run, realm.recipes.ict, realm.recipes.pretrain\n"
+        "import realm.recipes.finetune_qa, realm.data.sentences\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -17,19 +17,44 @@ from conftest import TINY_CORPUS, TINY_EMBED, TINY_RETRIEVER, TINY_SHAPE
 from realm.config import IndexConfig, Preset, PretrainConfig
 from realm.data.sentences import date_spans, mask_sentence, merge_spans
 from realm.index.mips import MipsIndex, current_version
-from realm.index.refresh import RefreshPolicy, index_source_step, list_snapshots, refresh_loop, save_snapshot
-from realm.models.realm import NULL_BLOCK, make_batch, marginal_mlm_loss, select_candidates
+from realm.index.refresh import (
+    BuilderConfig,
+    RefreshPolicy,
+    index_source_step,
+    list_snapshots,
+    refresh_loop,
+    save_snapshot,
+)
+from realm.models.realm import (
+    NULL_BLOCK,
+    make_batch,
+    marginal_mlm_loss,
+    select_candidates,
+)
 from realm.models.retriever import Retriever
 from realm.training import DataOrder, DataPosition, bert_optimizer, linear_schedule
 
 NO_DROPOUT_SHAPE = dataclasses.replace(TINY_SHAPE, dropout=0.0)
 TINY_PRESET = Preset(
-    name="cpu", corpus=TINY_CORPUS,
+    name="cpu",
+    corpus=TINY_CORPUS,
     retriever=dataclasses.replace(TINY_RETRIEVER, shape=NO_DROPOUT_SHAPE, dropout=0.0),
-    embed=dataclasses.replace(TINY_EMBED, shard_size=1000), index=IndexConfig(),
-    pretrain=PretrainConfig(steps=4, batch_size=4, lr=1e-3, head_lr_multiplier=10, warmup_steps=1, num_candidates=3,
-                            max_masks=5, masking="salient", refresh_every=0, checkpoint_every=2, log_every=1,
-                            held_out_fraction=0.0),
+    embed=dataclasses.replace(TINY_EMBED, shard_size=1000),
+    index=IndexConfig(),
+    pretrain=PretrainConfig(
+        steps=4,
+        batch_size=4,
+        lr=1e-3,
+        head_lr_multiplier=10,
+        warmup_steps=1,
+        num_candidates=3,
+        max_masks=5,
+        masking="salient",
+        refresh_every=0,
+        checkpoint_every=2,
+        log_every=1,
+        held_out_fraction=0.0,
+    ),
 )
 
 
@@ -57,8 +82,9 @@ def test_gradient_reaches_both_towers_and_reader(tiny_corpus, tokenizer):
     from realm.models.realm import RealmModel
 
     model = RealmModel(Retriever.load("random", TINY_PRESET.retriever), Reader.load("random", NO_DROPOUT_SHAPE))
-    query = mask_sentence("Paris is the capital of France.", [(0, 5)], "salient", tokenizer, 32, 5,
-                          np.random.default_rng(0))
+    query = mask_sentence(
+        "Paris is the capital of France.", [(0, 5)], "salient", tokenizer, 32, 5, np.random.default_rng(0)
+    )
     batch = make_batch([query], np.array([[0, 1]]), tiny_corpus, tokenizer, tiny_corpus.config)
     loss, stats = model(batch)
     loss.backward()
@@ -77,8 +103,9 @@ def test_trivial_candidates_are_dropped_and_null_is_first(tiny_corpus, tokenizer
     # Too few non-trivial blocks: padded with NULL_BLOCK, masked out of the softmax.
     short = select_candidates(np.array([own + others[:1]]), doc_ids, ["paris"], 3)
     assert short.tolist() == [[others[0], NULL_BLOCK, NULL_BLOCK]]
-    query = mask_sentence("Paris is the capital of France.", [(0, 5)], "salient", tokenizer, 32, 5,
-                          np.random.default_rng(0))
+    query = mask_sentence(
+        "Paris is the capital of France.", [(0, 5)], "salient", tokenizer, 32, 5, np.random.default_rng(0)
+    )
     batch = make_batch([query], short, tiny_corpus, tokenizer, tiny_corpus.config)
     assert batch.candidate_ids[0, 0] == NULL_BLOCK
     assert batch.candidate_mask.tolist() == [[True, True, False, False]]
@@ -148,17 +175,75 @@ def test_towers_keep_zero_lr_until_their_start():
 def test_builder_publishes_newer_snapshots(tmp_path, tiny_corpus):
     retriever = Retriever.load("random", TINY_PRESET.retriever)
     save_snapshot(retriever, tmp_path / "snapshots", step=5)
-    policy = RefreshPolicy(5)
-    builds = refresh_loop(tmp_path / "snapshots", tiny_corpus.folder, tmp_path / "index", TINY_EMBED, IndexConfig(),
-                          TINY_PRESET.retriever, policy, poll_seconds=0.01, max_builds=1)
+    config = BuilderConfig(TINY_EMBED, IndexConfig(), TINY_PRESET.retriever, refresh_every=5)
+    builds = refresh_loop(
+        tmp_path / "snapshots", tiny_corpus.folder, tmp_path / "index", config, poll_seconds=0.01, max_builds=1
+    )
     assert builds == 1 and index_source_step(tmp_path / "index") == 5
     assert MipsIndex(tmp_path / "index").meta.doc_tower_fingerprint == retriever.doc_fingerprint()
     for step in (10, 15, 20):
         save_snapshot(retriever, tmp_path / "snapshots", step=step)
     assert [p.name for p in list_snapshots(tmp_path / "snapshots")] == ["step-00000015", "step-00000020"]
-    refresh_loop(tmp_path / "snapshots", tiny_corpus.folder, tmp_path / "index", TINY_EMBED, IndexConfig(),
-                 TINY_PRESET.retriever, policy, poll_seconds=0.01, max_builds=1)
+    refresh_loop(
+        tmp_path / "snapshots", tiny_corpus.folder, tmp_path / "index", config, poll_seconds=0.01, max_builds=1
+    )
     assert index_source_step(tmp_path / "index") == 20 and current_version(tmp_path / "index") == 2
+
+
+@pytest.mark.slow
+def test_builder_and_bootstrap_index_get_identical_configs(tmp_path, tiny_corpus, monkeypatch):
+    """The trainer's first index and the builder process's rebuilds are built with the same embed/index settings:
+    the builder receives them as JSON (run_dir/builder.json), not a preset name."""
+    import subprocess
+    import sys
+
+    import realm.recipes.pretrain as recipe
+
+    started = {}
+
+    def fake_start(run_dir, corpus, config):
+        started["config"] = config
+        return subprocess.Popen([sys.executable, "-c", "pass"])
+
+    monkeypatch.setattr(recipe, "start_builder", fake_start)
+    embed = dataclasses.replace(TINY_EMBED, batch_size=3, shard_size=5)  # settings no preset name would give
+    preset = dataclasses.replace(
+        TINY_PRESET, embed=embed, pretrain=dataclasses.replace(TINY_PRESET.pretrain, refresh_every=1)
+    )
+    recipe.train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", preset, progress=False)
+    config = started["config"]
+    assert (config.embed, config.index, config.refresh_every) == (embed, preset.index, 1)
+    config.save(tmp_path / "builder.json")
+    (tmp_path / "run" / "snapshots" / "STOP").unlink()  # left by the trainer's exit
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "realm.index.refresh",
+            "--config",
+            str(tmp_path / "builder.json"),
+            "--watch",
+            str(tmp_path / "run" / "snapshots"),
+            "--corpus",
+            str(tiny_corpus.folder),
+            "--out",
+            str(tmp_path / "run" / "index"),
+            "--max-builds",
+            "1",
+            "--poll-seconds",
+            "0.05",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    bootstrap, rebuilt = (MipsIndex(tmp_path / "run" / "index", version).meta for version in (1, 2))
+    assert rebuilt.checkpoint_step == 4 and bootstrap.checkpoint_step == 0
+    assert bootstrap.embed == rebuilt.embed == dataclasses.asdict(embed)
+    assert (bootstrap.backend, bootstrap.params, bootstrap.storage_dtype) == (
+        rebuilt.backend,
+        rebuilt.params,
+        rebuilt.storage_dtype,
+    )
 
 
 def test_data_order_is_a_function_of_position():
@@ -194,8 +279,9 @@ def test_resume_after_crash_reproduces_the_same_batches(tmp_path, tiny_corpus, m
     with pytest.raises(KeyboardInterrupt):
         recipe.train_pretrain(tiny_corpus.folder, tmp_path / "crashed", "random", "random", TINY_PRESET, progress=False)
     monkeypatch.setattr(recipe, "save_checkpoint", original)
-    recipe.train_pretrain(tiny_corpus.folder, tmp_path / "crashed", "random", "random", TINY_PRESET, resume=True,
-                          progress=False)
+    recipe.train_pretrain(
+        tiny_corpus.folder, tmp_path / "crashed", "random", "random", TINY_PRESET, resume=True, progress=False
+    )
     resumed = _metrics(tmp_path / "crashed")
     assert [m["step"] for m in resumed] == [1, 2, 3, 4]
     for a, b in zip(straight, resumed):
@@ -238,8 +324,9 @@ def test_null_only_baseline_trains_without_an_index(tmp_path, tiny_corpus):
     """--num-candidates 1 is masked-LM with the null document alone: no index, no builder."""
     from realm.recipes.pretrain import train_pretrain
 
-    preset = dataclasses.replace(TINY_PRESET, pretrain=dataclasses.replace(TINY_PRESET.pretrain, num_candidates=1,
-                                                                         steps=2, refresh_every=5))
+    preset = dataclasses.replace(
+        TINY_PRESET, pretrain=dataclasses.replace(TINY_PRESET.pretrain, num_candidates=1, steps=2, refresh_every=5)
+    )
     train_pretrain(tiny_corpus.folder, tmp_path / "null", "random", "random", preset, progress=False)
     metrics = _metrics(tmp_path / "null")
     assert [m["step"] for m in metrics] == [1, 2] and all(m["p_null"] == 1.0 for m in metrics)
@@ -253,8 +340,9 @@ def test_training_survives_a_dead_builder(tmp_path, tiny_corpus, monkeypatch):
 
     import realm.recipes.pretrain as recipe
 
-    monkeypatch.setattr(recipe, "start_builder",
-                        lambda *a: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]))
+    monkeypatch.setattr(
+        recipe, "start_builder", lambda *a: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    )
     preset = dataclasses.replace(TINY_PRESET, pretrain=dataclasses.replace(TINY_PRESET.pretrain, refresh_every=1))
     recipe.train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", preset, progress=False)
     metrics = _metrics(tmp_path / "run")
@@ -274,8 +362,16 @@ def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
 
     model = RealmModel(Retriever.load("random", TINY_PRESET.retriever), Reader.load("random", NO_DROPOUT_SHAPE))
     embedder = BlockEmbedder(model.retriever.doc_tower, model.retriever.tokenizer, tiny_corpus.config, TINY_EMBED)
-    build_index(tiny_corpus, embedder, model.retriever.doc_fingerprint(), tmp_path / "index", TINY_EMBED,
-                IndexConfig(), model.retriever.config, progress=False)
+    build_index(
+        tiny_corpus,
+        embedder,
+        model.retriever.doc_fingerprint(),
+        tmp_path / "index",
+        TINY_EMBED,
+        IndexConfig(),
+        model.retriever.config,
+        progress=False,
+    )
     sentences = SentenceSet(build_sentences(tiny_corpus, progress=False), 0.0)
     alone = masked_span_accuracy(model, sentences, tiny_corpus, None, 3, 32)
     retrieved = masked_span_accuracy(model, sentences, tiny_corpus, MipsIndex(tmp_path / "index"), 3, 32)
@@ -289,10 +385,22 @@ def test_ict_trains_both_towers_and_resumes(tmp_path, tiny_corpus):
 
     query, context = ict_pair("First sentence here. Second one follows. Third ends it.", np.random.default_rng(0), 1.0)
     assert query and query not in context  # removed from its context
-    preset = dataclasses.replace(TINY_PRESET, ict=dataclasses.replace(TINY_PRESET.ict, steps=2, batch_size=4,
-                                                                    checkpoint_every=1, log_every=1))
+    preset = dataclasses.replace(
+        TINY_PRESET, ict=dataclasses.replace(TINY_PRESET.ict, steps=2, batch_size=4, checkpoint_every=1, log_every=1)
+    )
     folder = train_ict(tiny_corpus.folder, tmp_path / "ict", "random", preset, progress=False, steps=2)
     trained = Retriever.load(str(folder), TINY_PRESET.retriever)
     assert trained.doc_fingerprint() != Retriever.load("random", TINY_PRESET.retriever).doc_fingerprint()
-    train_ict(tiny_corpus.folder, tmp_path / "ict", "random", preset, resume=True, progress=False, steps=3)
+    with pytest.raises(ValueError, match="ict.steps"):  # a longer run is another schedule: said, not mixed in
+        train_ict(tiny_corpus.folder, tmp_path / "ict", "random", preset, resume=True, progress=False, steps=3)
+    train_ict(
+        tiny_corpus.folder,
+        tmp_path / "ict",
+        "random",
+        preset,
+        resume=True,
+        progress=False,
+        steps=3,
+        allow_config_change=True,
+    )
     assert [m["step"] for m in _metrics(tmp_path / "ict")] == [1, 2, 3]

@@ -1,0 +1,39 @@
+"""`realm corpus build`: documents -> blocks of at most N wordpieces (the knowledge corpus Z)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from realm.cli.options import common, resolve_preset
+from realm.config import MINILM
+from realm.data.sources import VITAL_ARTICLES
+
+
+def cmd_corpus_build(args: argparse.Namespace) -> int:
+    from realm.common.tokenization import load_tokenizer, resolve_tokenizer_dir
+    from realm.data.blocks import build_corpus
+
+    preset = resolve_preset(args)
+    tokenizer = load_tokenizer(resolve_tokenizer_dir(args.tokenizer))
+    meta = build_corpus(
+        args.inputs, Path(args.out), tokenizer, preset.corpus, skip_bad=args.skip_bad, progress=not args.quiet
+    )
+    print(
+        f"corpus {args.out}: {meta.num_documents} documents -> {meta.num_blocks} blocks "
+        f"(<= {meta.max_block_tokens} wordpieces), {meta.skipped_records} bad records skipped, "
+        f"fingerprint {meta.fingerprint}, {meta.build_seconds:.1f}s"
+    )
+    return 0
+
+
+def add_commands(commands) -> None:
+    corpus = commands.add_parser("corpus", help="knowledge corpus").add_subparsers(dest="action", required=True)
+    build = corpus.add_parser("build", help="split documents into blocks")
+    build.add_argument("inputs", nargs="+", help=f"JSONL(.gz) / SQuAD .json|.zip files, or {VITAL_ARTICLES!r}")
+    build.add_argument("--out", required=True, help="corpus folder")
+    build.add_argument("--tokenizer", default=MINILM, help="'minilm' or a folder with a BERT tokenizer")
+    build.add_argument("--max-block-tokens", type=int, help="block budget incl. [CLS] title [SEP] body [SEP]")
+    build.add_argument("--skip-bad", action="store_true", help="skip malformed records and count them")
+    common(build)
+    build.set_defaults(run=cmd_corpus_build)

@@ -1,0 +1,162 @@
+"""`realm search`, `realm eval retrieval|qa`, `realm ask`: retrieval, evaluation, and answers with evidence."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from realm.cli.options import answerer_options, common, load_retriever, resolve_preset
+
+
+def _dense_searcher(args: argparse.Namespace):
+    from realm.index.mips import MipsIndex
+    from realm.index.search import DenseSearcher
+
+    index = MipsIndex(args.index)
+    retriever = load_retriever(args.model, resolve_preset(args), index)
+    return DenseSearcher(index, retriever, index.corpus(args.corpus))
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    hits = _dense_searcher(args).search(args.query, args.k)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(h) for h in hits], ensure_ascii=False, indent=2))
+        return 0
+    for rank, hit in enumerate(hits, start=1):
+        text = hit.text if len(hit.text) <= 300 else hit.text[:297] + "..."
+        print(f"{rank:>3}. [{hit.score:.2f}] {hit.title} (block {hit.block_id}, doc {hit.doc_id})\n     {text}")
+    return 0
+
+
+def cmd_eval_retrieval(args: argparse.Namespace) -> int:
+    from realm.data.blocks import BlockStore
+    from realm.data.qa_examples import load_qa
+    from realm.eval.retrieval import recall_at_k
+    from realm.index.mips import MipsIndex
+    from realm.index.search import BM25Searcher, search_all
+
+    ks = sorted({int(k) for k in args.k.split(",")})
+    examples = load_qa(args.qa)
+    if args.limit:
+        examples = examples[: args.limit]
+    started = time.monotonic()
+    if args.retriever == "bm25":
+        if not (args.corpus or args.index):
+            raise ValueError("--retriever bm25 needs --corpus or --index (to find the corpus)")
+        searcher = BM25Searcher(BlockStore(args.corpus) if args.corpus else MipsIndex(args.index).corpus())
+    else:
+        if not (args.index and args.model):
+            raise ValueError("the dense retriever needs --index and --model")
+        searcher = _dense_searcher(args)
+    result = recall_at_k(examples, search_all(searcher, [e.question for e in examples], max(ks)), ks)
+    seconds = time.monotonic() - started
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    **{k: round(v, 2) for k, v in result.items()},
+                    "questions": len(examples),
+                    "retriever": args.retriever,
+                    "seconds": round(seconds, 1),
+                }
+            )
+        )
+    else:
+        print(f"{args.retriever} retrieval on {len(examples)} questions of {args.qa} ({seconds:.0f}s):")
+        for name, value in result.items():
+            print(f"  {name:>11}: {value:6.2f}%")
+    return 0
+
+
+def cmd_eval_qa(args: argparse.Namespace) -> int:
+    from realm.data.qa_examples import load_qa
+    from realm.eval.answerer import load_answerer
+    from realm.eval.qa import evaluate_qa
+
+    examples = load_qa(args.qa)[: args.limit]
+    answerer = load_answerer(args.model, args.index, resolve_preset(args, "qa"), args.retriever, corpus=args.corpus)
+    result = evaluate_qa(answerer, examples, [int(k) for k in args.recall_k.split(",")], Path(args.out))
+    summary = {**result, "retriever": args.retriever}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"{args.retriever} retrieval + reader on {len(examples)} questions of {args.qa}: "
+            + ", ".join(f"{name} {value}" for name, value in summary.items() if name not in ("questions", "retriever"))
+        )
+        print(f"predictions: {args.out}")
+    return 0
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from realm.eval.answerer import load_answerer
+
+    answerer = load_answerer(args.model, args.index, resolve_preset(args, "qa"), args.retriever, corpus=args.corpus)
+    answer = answerer.ask([args.question])[0]
+    if args.json:
+        print(json.dumps(answer.to_dict(), ensure_ascii=False, indent=2))
+        return 0
+    print(f"{answer.answer or '(no answer)'}    p = {answer.score:.3f}\n")
+    bold = sys.stdout.isatty()
+    for rank, ev in enumerate(answer.evidence, start=1):
+        text = ev.text
+        if ev.answer_span is not None:
+            start, end = ev.answer_span
+            text = (
+                text[:start]
+                + ("\033[1;4m" if bold else "[[")
+                + text[start:end]
+                + ("\033[0m" if bold else "]]")
+                + text[end:]
+            )
+        print(
+            f"{rank}. {ev.title}  p(z|x) = {ev.retrieval_prob:.3f}, share of the answer = {ev.answer_prob:.3f}  "
+            f"(block {ev.block_id})\n   {text}\n"
+        )
+    return 0
+
+
+def add_commands(commands) -> None:
+    search = commands.add_parser("search", help="search an index")
+    search.add_argument("query")
+    search.add_argument("--index", required=True)
+    search.add_argument("--model", required=True)
+    search.add_argument("--corpus", help="corpus folder, if it moved since the index was built")
+    search.add_argument("-k", type=int, default=5)
+    search.add_argument("--json", action="store_true")
+    common(search)
+    search.set_defaults(run=cmd_search)
+
+    evaluate = commands.add_parser("eval", help="evaluation").add_subparsers(dest="action", required=True)
+    retrieval = evaluate.add_parser("retrieval", help="recall@k of answer-bearing blocks")
+    retrieval.add_argument("--qa", required=True, help="JSONL of {question, answer: [...]} (*.regex.jsonl: regexes)")
+    retrieval.add_argument("--index", help="dense index (bm25: used to find the corpus)")
+    retrieval.add_argument("--model")
+    retrieval.add_argument("--corpus")
+    retrieval.add_argument("--retriever", choices=["dense", "bm25"], default="dense")
+    retrieval.add_argument("--k", default="1,5,20,100")
+    retrieval.add_argument("--limit", type=int, help="only the first N questions")
+    retrieval.add_argument("--json", action="store_true")
+    common(retrieval)
+    retrieval.set_defaults(run=cmd_eval_retrieval)
+
+    eval_qa = evaluate.add_parser("qa", help="open-QA exact match, retrieval recall and a predictions file")
+    answerer_options(eval_qa)
+    eval_qa.add_argument("--qa", required=True)
+    eval_qa.add_argument("--out", required=True, help="predictions JSONL")
+    eval_qa.add_argument("--recall-k", default="1,5,20")
+    eval_qa.add_argument("--limit", type=int)
+    eval_qa.add_argument("--json", action="store_true")
+    common(eval_qa)
+    eval_qa.set_defaults(run=cmd_eval_qa)
+
+    ask = commands.add_parser("ask", help="answer a question, with the evidence it used")
+    ask.add_argument("question")
+    answerer_options(ask)
+    ask.add_argument("--json", action="store_true")
+    common(ask)
+    ask.set_defaults(run=cmd_ask)

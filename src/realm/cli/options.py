@@ -1,0 +1,95 @@
+"""Flags shared by several commands, and the one mapping from flags to config fields.
+
+Each command names the preset sections it may change; a flag changes only the field this table maps it to, in
+those sections (so `realm train ict --batch-size` sets the ICT batch and nothing else, and `realm index build
+--batch-size` the embedding batch). Nothing here imports torch: `realm --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from realm.config import PRESETS, Preset, get_preset
+
+# section of the Preset -> {flag dest: field of that section}
+FLAG_FIELDS: dict[str, dict[str, str]] = {
+    "corpus": {"max_block_tokens": "max_block_tokens"},
+    "retriever": {"pooling": "pooling"},
+    "embed": {
+        "embed_batch_size": "batch_size",
+        "dtype": "compute_dtype",
+        "storage": "storage_dtype",
+        "shard_size": "shard_size",
+    },
+    "index": {"backend": "backend"},
+    "ict": {"steps": "steps", "batch_size": "batch_size", "lr": "lr"},
+    "pretrain": {
+        field: field
+        for field in (
+            "steps",
+            "batch_size",
+            "lr",
+            "retriever_lr",
+            "retriever_frozen_steps",
+            "num_candidates",
+            "masking",
+            "refresh_every",
+            "checkpoint_every",
+        )
+    },
+    "qa": {field: field for field in ("epochs", "batch_size", "lr", "top_k", "beam")},
+}
+# sections every command may change through the flags it has (the trainers' sections only by their own command)
+SHARED_SECTIONS = ("corpus", "retriever", "embed", "index")
+
+
+def resolve_preset(args: argparse.Namespace, section: str | None = None) -> Preset:
+    """The chosen preset with the command's flags applied to the shared sections and to `section`."""
+    preset = get_preset(args.preset)
+    changes = {}
+    for name in (*SHARED_SECTIONS, *([section] if section else [])):
+        values = {
+            field: getattr(args, dest)
+            for dest, field in FLAG_FIELDS[name].items()
+            if getattr(args, dest, None) is not None
+        }
+        if values:
+            changes[name] = dataclasses.replace(getattr(preset, name), **values)
+    return dataclasses.replace(preset, **changes)
+
+
+def common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="settings preset (default: cpu)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def answerer_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="a `train qa` output (or minilm, a `train pretrain` output)")
+    parser.add_argument(
+        "--index",
+        required=True,
+        help="index built by the model's document tower "
+        "(a version published later, e.g. by `index add`, is picked up by `serve`)",
+    )
+    parser.add_argument(
+        "--retriever", choices=["dense", "bm25"], default="dense", help="bm25: same reader, BM25 search"
+    )
+    parser.add_argument("--corpus", help="corpus folder, if it moved since the index was built")
+    parser.add_argument("--top-k", type=int, help="blocks given to the reader (default: preset)")
+
+
+def embedding_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pooling", choices=["cls", "mean"], help="tower pooling for a warm start (default: preset)")
+    parser.add_argument("--backend", choices=["flat", "hnsw", "ivfpq"], help="index type (default: flat, exact)")
+    parser.add_argument("--batch-size", dest="embed_batch_size", type=int, help="blocks per embedding batch")
+    parser.add_argument("--dtype", choices=["auto", "bf16", "fp32"], help="compute dtype (auto: bf16 where supported)")
+    parser.add_argument("--storage", choices=["fp16", "fp32"], help="stored embedding dtype (default fp16)")
+    parser.add_argument("--shard-size", type=int, help="blocks per resumable shard")
+
+
+def load_retriever(spec: str, preset: Preset, index=None):
+    """The model `spec`, with the retriever settings of `index` (pooling, sizes) when one is given."""
+    from realm.models.retriever import Retriever
+
+    return Retriever.load(spec, index.retriever_config(preset.retriever) if index is not None else preset.retriever)

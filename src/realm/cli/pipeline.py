@@ -1,0 +1,56 @@
+"""`realm pipeline`: the main job, every stage from the corpus to the report."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from realm.cli.options import common
+from realm.config import MINILM, get_preset
+from realm.data.sources import VITAL_ARTICLES
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    """Every stage from the corpus to the report; a re-run skips what matches and resumes what was cut off."""
+    from realm.pipeline.plan import PipelineOptions
+    from realm.pipeline.run import Pipeline
+
+    preset = get_preset(args.preset)
+    budget = None if args.budget_minutes == 0 else (args.budget_minutes or preset.pipeline_budget_minutes)
+    options = PipelineOptions(
+        inputs=tuple(args.inputs),
+        run_dir=Path(args.run_dir),
+        warm_start=args.warm_start,
+        qa_train=Path(args.qa_train) if args.qa_train else None,
+        qa_dev=Path(args.qa_dev) if args.qa_dev else None,
+        ablations=args.ablations,
+        budget_minutes=budget,
+        progress=not args.quiet,
+        command=" ".join(["realm", *map(shlex.quote, args.argv)]),
+    )
+    Pipeline(options, preset).run()
+    return 0
+
+
+def add_commands(commands) -> None:
+    pipeline = commands.add_parser("pipeline", help="the main job: corpus -> ICT -> REALM -> [QA] -> report")
+    pipeline.add_argument(
+        "--inputs", nargs="+", default=[VITAL_ARTICLES], help="corpus inputs (default: vital-articles)"
+    )
+    pipeline.add_argument("--run-dir", default="runs/default", help="stage outputs and report.md / report.html")
+    pipeline.add_argument("--warm-start", default=MINILM, help="retriever towers and reader to start from")
+    pipeline.add_argument("--qa-train", help="open-QA training questions (JSONL): adds fine-tuning and evaluation")
+    pipeline.add_argument("--qa-dev", help="open-QA dev questions (JSONL)")
+    pipeline.add_argument(
+        "--ablations",
+        action="store_true",
+        help="also ICT-only retriever, uniform masking and frozen index (needs --qa-train/--qa-dev)",
+    )
+    pipeline.add_argument(
+        "--budget-minutes",
+        type=float,
+        help="scale training steps so the run fits (default: the preset's, cpu 45; 0: no scaling)",
+    )
+    common(pipeline)
+    pipeline.set_defaults(run=cmd_pipeline)

@@ -1,0 +1,127 @@
+"""`realm train ict|pretrain|qa`: the recipes. Each command's flags change only its own trainer's config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from realm.cli.options import common, resolve_preset
+from realm.config import MINILM
+
+
+def cmd_train_ict(args: argparse.Namespace) -> int:
+    from realm.recipes.ict import train_ict
+
+    folder = train_ict(
+        Path(args.corpus),
+        Path(args.out),
+        args.model,
+        resolve_preset(args, "ict"),
+        resume=args.resume,
+        progress=not args.quiet,
+        allow_config_change=args.allow_config_change,
+    )
+    print(f"ICT retriever saved to {folder}")
+    return 0
+
+
+def cmd_train_pretrain(args: argparse.Namespace) -> int:
+    from realm.recipes.pretrain import train_pretrain
+
+    folder = train_pretrain(
+        Path(args.corpus),
+        Path(args.out),
+        args.retriever,
+        args.reader,
+        resolve_preset(args, "pretrain"),
+        resume=args.resume,
+        progress=not args.quiet,
+        allow_config_change=args.allow_config_change,
+    )
+    print(f"REALM retriever and reader saved to {folder}/retriever and {folder}/reader")
+    return 0
+
+
+def cmd_train_qa(args: argparse.Namespace) -> int:
+    from realm.data.qa_examples import load_qa
+    from realm.recipes.finetune_qa import train_qa
+
+    best = train_qa(
+        args.model,
+        Path(args.index),
+        load_qa(args.train),
+        load_qa(args.dev),
+        Path(args.out),
+        resolve_preset(args, "qa"),
+        resume=args.resume,
+        progress=not args.quiet,
+        reader_spec=args.reader,
+        allow_config_change=args.allow_config_change,
+    )
+    print(f"best model (dev exact match {json.loads((best / 'dev.json').read_text())['exact_match']:.2f}) in {best}")
+    return 0
+
+
+def _resume_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    parser.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="resume even though settings differ from the run's config.json (they are listed)",
+    )
+
+
+def add_commands(commands) -> None:
+    train = commands.add_parser("train", help="training recipes").add_subparsers(dest="action", required=True)
+    ict = train.add_parser("ict", help="Inverse Cloze Task warm start of the retriever")
+    ict.add_argument("--corpus", required=True)
+    ict.add_argument("--out", required=True)
+    ict.add_argument("--model", default=MINILM, help="warm start of both towers (default: minilm)")
+    ict.add_argument("--steps", type=int)
+    ict.add_argument("--batch-size", type=int)
+    ict.add_argument("--lr", type=float)
+    _resume_options(ict)
+    common(ict)
+    ict.set_defaults(run=cmd_train_ict)
+
+    pretrain = train.add_parser("pretrain", help="REALM pretraining with an asynchronously refreshed index")
+    pretrain.add_argument("--corpus", required=True, help="knowledge corpus Z (its sentences are also X)")
+    pretrain.add_argument("--out", required=True)
+    pretrain.add_argument("--retriever", default=MINILM, help="retriever warm start, e.g. an ICT run's retriever/")
+    pretrain.add_argument("--reader", default=MINILM, help="reader warm start (BERT folder or minilm)")
+    pretrain.add_argument("--steps", type=int)
+    pretrain.add_argument("--batch-size", type=int, help="global batch (split across torchrun processes)")
+    pretrain.add_argument("--lr", type=float)
+    pretrain.add_argument("--retriever-lr", type=float, help="learning rate of both towers (default: preset)")
+    pretrain.add_argument(
+        "--retriever-frozen-steps",
+        type=int,
+        help="towers stay frozen for the first N steps while the reader's fresh head learns",
+    )
+    pretrain.add_argument("--num-candidates", type=int, help="candidates per query, the null document included")
+    pretrain.add_argument("--masking", choices=["salient", "random-span", "uniform"])
+    pretrain.add_argument("--refresh-every", type=int, help="snapshot for the index builder every N steps; 0: frozen")
+    pretrain.add_argument("--checkpoint-every", type=int)
+    _resume_options(pretrain)
+    common(pretrain)
+    pretrain.set_defaults(run=cmd_train_pretrain)
+
+    qa = train.add_parser("qa", help="open-QA fine-tuning over a frozen document index")
+    qa.add_argument("--model", default=MINILM, help="minilm, a `train pretrain` output or a `train qa` output")
+    qa.add_argument("--index", required=True, help="index built by the model's document tower")
+    qa.add_argument(
+        "--reader",
+        help="reader warm start in place of the model's own (e.g. an ICT run with minilm: the ICT-only baseline)",
+    )
+    qa.add_argument("--train", required=True, help="JSONL {question, answer: [...]} (*.regex.jsonl: regexes)")
+    qa.add_argument("--dev", required=True)
+    qa.add_argument("--out", required=True)
+    qa.add_argument("--epochs", type=int)
+    qa.add_argument("--batch-size", type=int)
+    qa.add_argument("--lr", type=float)
+    qa.add_argument("--top-k", type=int, help="blocks given to the reader")
+    qa.add_argument("--beam", type=int, help="blocks searched for the retrieval loss")
+    _resume_options(qa)
+    common(qa)
+    qa.set_defaults(run=cmd_train_qa)

@@ -1,0 +1,133 @@
+"""Search backends of the MIPS index: faiss (flat, HNSW, IVF-PQ) on a CPU, and exact search in torch.
+
+Exact (`flat`) search runs on faiss' IndexFlatIP on a CPU, and as a brute-force matmul + top-k in torch
+(`ExactSearch`) on a GPU or where faiss is not installed, as the original REALM and Hugging Face code do:
+the same scores, ranked the same way. `hnsw` and `ivfpq` need faiss, which is imported only when used.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from realm.config import Backend, IndexConfig
+
+
+class MipsIndexError(RuntimeError):
+    """A missing, corrupt or mismatched index."""
+
+
+def faiss_module():
+    """The faiss module, or None where it is not installed (e.g. a GPU image without faiss)."""
+    try:
+        import faiss
+    except ImportError:
+        return None
+    return faiss
+
+
+def build_faiss(vectors: np.ndarray, config: IndexConfig):
+    """Build the chosen backend over (N, D) float32 vectors; returns the faiss index and its parameters.
+    Without faiss a flat version has no faiss index (None): exact search reads the embeddings."""
+    n, dim = vectors.shape
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    faiss = faiss_module()
+    if faiss is None:
+        if config.backend != "flat":
+            raise MipsIndexError(
+                f"the {config.backend} backend needs faiss (pip install faiss-cpu); "
+                "flat (exact) search works without it"
+            )
+        return None, {}
+    if config.backend == "flat":
+        index = faiss.IndexFlatIP(dim)
+        params: dict = {}
+    elif config.backend == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, config.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = config.hnsw_ef_construction
+        params = {
+            "m": config.hnsw_m,
+            "ef_construction": config.hnsw_ef_construction,
+            "ef_search": config.hnsw_ef_search,
+        }
+    elif config.backend == "ivfpq":
+        pq_m = max(m for m in range(1, config.pq_m + 1) if dim % m == 0)  # sub-quantisers must divide dim
+        nlist = config.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
+        nbits = max(1, min(8, int(math.log2(max(2, n // 4)))))  # PQ needs >= 2**nbits training points
+        index = faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, nlist, pq_m, nbits, faiss.METRIC_INNER_PRODUCT)
+        sample = vectors
+        if n > 256 * nlist:
+            sample = vectors[np.random.default_rng(0).choice(n, 256 * nlist, replace=False)]
+        index.train(sample)
+        params = {
+            "nlist": nlist,
+            "nprobe": min(config.ivf_nprobe, nlist),
+            "pq_m": pq_m,
+            "nbits": nbits,
+            "rerank": config.ivf_rerank,
+        }
+    else:
+        raise ValueError(f"unknown index backend {config.backend!r}; choose flat, hnsw or ivfpq")
+    index.add(vectors)
+    return index, params
+
+
+def config_of(backend: Backend, params: dict) -> IndexConfig:
+    """The IndexConfig that rebuilds a backend with its recorded parameters (the inverse of build_faiss)."""
+    by_backend: dict[str, dict[str, Any]] = {
+        "flat": {},
+        "hnsw": {
+            "hnsw_m": params.get("m"),
+            "hnsw_ef_construction": params.get("ef_construction"),
+            "hnsw_ef_search": params.get("ef_search"),
+        },
+        "ivfpq": {
+            "ivf_nlist": params.get("nlist"),
+            "ivf_nprobe": params.get("nprobe"),
+            "pq_m": params.get("pq_m"),
+            "ivf_rerank": params.get("rerank"),
+        },
+    }
+    return IndexConfig(backend=backend, **by_backend[backend])
+
+
+def configure_search(index, backend: str, params: dict) -> None:
+    if backend == "hnsw":
+        index.hnsw.efSearch = params["ef_search"]
+    elif backend == "ivfpq":
+        index.nprobe = params["nprobe"]
+
+
+class ExactSearch:
+    """Exact MIPS as a brute-force matmul + top-k in torch (fp32), on any device: the search of a flat index on
+    a GPU, or wherever faiss is absent. The stored vectors are scanned in chunks, so the (Q, N) score matrix
+    never exists in full (a 13M-block index is searched in slices of `chunk_rows`)."""
+
+    def __init__(self, vectors: np.ndarray, device: str | None = None, chunk_rows: int = 1 << 20):
+        import torch
+
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.vectors = torch.from_numpy(np.array(vectors, dtype=np.float32)).to(self.device)  # (N, D), a copy in memory
+        self.chunk_rows = chunk_rows
+
+    @property
+    def ntotal(self) -> int:
+        return self.vectors.shape[0]
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(Q, D) float32 -> scores (Q, k) float32 and rows (Q, k) int64, best first (k <= N)."""
+        import torch
+
+        q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32)).to(self.device)  # (Q, D)
+        best_scores = torch.empty(len(q), 0, device=self.device)
+        best_rows = torch.empty(len(q), 0, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            for start in range(0, self.ntotal, self.chunk_rows):
+                chunk = self.vectors[start : start + self.chunk_rows]  # (C, D)
+                scores, rows = torch.topk(q @ chunk.T, min(k, len(chunk)), dim=1)  # (Q, k) f(x, z) = q · z
+                scores, rows = torch.cat([best_scores, scores], 1), torch.cat([best_rows, rows + start], 1)
+                best_scores, order = torch.topk(scores, min(k, scores.shape[1]), dim=1)  # merge with earlier chunks
+                best_rows = torch.gather(rows, 1, order)
+        return best_scores.cpu().numpy(), best_rows.cpu().numpy()

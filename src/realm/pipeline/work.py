@@ -1,0 +1,138 @@
+"""The work of the pipeline's stages, as plain functions of their inputs (the stage engine decides when each runs):
+the corpus, an index, QA fine-tuning, then what is measured: exact match and recall of the QA systems,
+zero-shot recall of each retriever, worked examples (the paper's Table 3) and masked-span accuracy."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from realm.config import Preset
+from realm.data.qa_examples import QAExample
+
+RECALL_KS = (1, 5, 20)
+EXAMPLE_POOL = 100  # held-out sentences searched for the worked examples
+ACCURACY_LIMIT = 200  # held-out sentences for masked-span accuracy
+
+
+def build_corpus_folder(
+    inputs: Sequence[str], folder: Path, tokenizer_spec: str, preset: Preset, progress: bool
+) -> dict:
+    from realm.common.tokenization import load_tokenizer, resolve_tokenizer_dir
+    from realm.data.blocks import build_corpus
+
+    tokenizer = load_tokenizer(resolve_tokenizer_dir(tokenizer_spec))
+    meta = build_corpus(list(inputs), folder, tokenizer, preset.corpus, progress=progress)
+    return {
+        "blocks": meta.num_blocks,
+        "documents": meta.num_documents,
+        "skipped": meta.skipped_records,
+        "fingerprint": meta.fingerprint,
+    }
+
+
+def build_index_folder(retriever_folder: Path, corpus: Path, index_dir: Path, preset: Preset, progress: bool) -> dict:
+    from realm.data.blocks import BlockStore
+    from realm.index.refresh import build_from_retriever
+    from realm.models.retriever import Retriever
+
+    retriever = Retriever.load(str(retriever_folder), preset.retriever)
+    meta = build_from_retriever(
+        retriever, BlockStore(corpus), index_dir, preset.embed, preset.index, 0, time.time(), progress
+    )
+    return {"vectors": meta.num_vectors, "embed_seconds": meta.embed_seconds}
+
+
+def finetune(
+    model_folder: Path,
+    index_folder: Path,
+    reader: Path | None,
+    train: Sequence[QAExample],
+    dev: Sequence[QAExample],
+    preset: Preset,
+    folder: Path,
+    resume: bool,
+    progress: bool,
+    evaluate: bool,
+) -> dict:
+    """Fine-tune on `train` (dev EM after each epoch), and with `evaluate` score the best model on all of `dev`."""
+    from realm.eval.answerer import load_answerer
+    from realm.eval.qa import evaluate_qa
+    from realm.pipeline.stages import last_metrics
+    from realm.recipes.finetune_qa import train_qa
+
+    best = train_qa(
+        str(model_folder),
+        index_folder,
+        train,
+        dev,
+        folder,
+        preset,
+        resume=resume,
+        progress=progress,
+        reader_spec=str(reader) if reader else None,
+    )
+    result = {"dev": json.loads((best / "dev.json").read_text()), "train": last_metrics(folder)}
+    if evaluate:
+        answerer = load_answerer(str(best), index_folder, preset)
+        result["dense"] = evaluate_qa(answerer, dev, RECALL_KS, folder / "predictions_dense.jsonl")
+    return result
+
+
+def evaluate_systems(
+    best: Path,
+    index_folder: Path,
+    zero_shot: dict[str, tuple[Path, Path]],
+    dev: Sequence[QAExample],
+    preset: Preset,
+    folder: Path,
+) -> dict:
+    """EM and recall@k of the fine-tuned model `best` over `index_folder` (dense) and of its reader over BM25;
+    recall@k of each zero-shot retriever (label -> (its index folder, the retriever folder))."""
+    from realm.eval.answerer import load_answerer
+    from realm.eval.qa import evaluate_qa
+    from realm.eval.retrieval import recall_at_k
+    from realm.index.mips import MipsIndex
+    from realm.index.search import DenseSearcher, search_all
+    from realm.models.retriever import Retriever
+
+    result = {}
+    for kind in ("dense", "bm25"):
+        answerer = load_answerer(str(best), index_folder, preset, kind)
+        result[kind] = evaluate_qa(answerer, dev, RECALL_KS, folder / f"predictions_{kind}.jsonl")
+    questions = [e.question for e in dev]
+    for label, (index_dir, retriever_folder) in zero_shot.items():
+        index = MipsIndex(index_dir)
+        retriever = Retriever.load(str(retriever_folder), index.retriever_config(preset.retriever))
+        hits = search_all(DenseSearcher(index, retriever), questions, max(RECALL_KS))
+        result[f"zero_shot/{label}"] = {k: round(v, 2) for k, v in recall_at_k(dev, hits, RECALL_KS).items()}
+    return result
+
+
+def pretraining_examples(corpus: Path, realm_run: Path, preset: Preset) -> dict:
+    """Worked examples and masked-span accuracy of a `train pretrain` output on held-out sentences of `corpus`."""
+    from realm.data.blocks import BlockStore
+    from realm.data.sentences import SentenceSet, sentences_path
+    from realm.eval.mlm import masked_span_accuracy, worked_examples
+    from realm.index.mips import MipsIndex
+    from realm.models.mlm_reader import Reader
+    from realm.models.realm import RealmModel
+    from realm.models.retriever import Retriever
+
+    store = BlockStore(corpus)
+    held_out = SentenceSet(sentences_path(store), preset.pretrain.held_out_fraction, held_out=True)
+    model = RealmModel(
+        Retriever.load(str(realm_run / "retriever"), preset.retriever), Reader.load(str(realm_run / "reader"))
+    )
+    index = MipsIndex(realm_run / "index")
+    k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
+    examples = worked_examples(model, held_out, store, index, k, tokens, masks, pool=EXAMPLE_POOL)
+    return {
+        "held_out_sentences": len(held_out),
+        "pool": EXAMPLE_POOL,
+        "examples": [e.to_dict() for e in examples],
+        "null_only": masked_span_accuracy(model, held_out, store, None, 1, tokens, masks, ACCURACY_LIMIT),
+        "with_retrieval": masked_span_accuracy(model, held_out, store, index, k, tokens, masks, ACCURACY_LIMIT),
+    }
