@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -84,6 +86,13 @@ DOCS = [
 ]
 
 
+def dead_pid() -> int:
+    """The pid of a process that has exited: what a writer killed with SIGKILL leaves in its partial files' names."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return load_tokenizer(minilm_dir())
@@ -117,7 +126,7 @@ def tiny_index_config(**changes) -> IndexConfig:
     return dataclasses.replace(IndexConfig(), **changes)
 
 
-def build_tiny_index(store, retriever, index_dir: Path, **index_changes):
+def build_tiny_index(store, retriever, index_dir: Path, replace_model: bool = False, **index_changes):
     """Embed `store` with `retriever`'s document tower and publish an index version (the tiny embed settings)."""
     from realm.index.embed import BlockEmbedder
     from realm.index.mips import build_index
@@ -132,6 +141,7 @@ def build_tiny_index(store, retriever, index_dir: Path, **index_changes):
         tiny_index_config(**index_changes),
         retriever.config,
         progress=False,
+        replace_model=replace_model,
     )
 
 

@@ -242,3 +242,90 @@ def test_help_does_not_import_torch():
         "assert not {'torch', 'transformers', 'faiss'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("realm: error:") and err.count("\n") == 1, err
+    return err
+
+
+def test_usage_mistakes_are_one_error_line(tmp_path, capsys):
+    """Counts that make no sense, and an empty query, are refused before anything loads."""
+    where = ["--index", str(tmp_path / "i"), "--model", "minilm"]
+    for argv in (
+        ["search", *where, "q", "-k", "0"],
+        ["search", *where, "q", "-k", "-3"],
+        ["ask", "q", *where, "--top-k", "0"],
+        ["serve", *where, "--top-k", "0"],
+        ["eval", "retrieval", "--qa", "q.jsonl", "--k", "1,0"],
+        ["train", "pretrain", "--corpus", "c", "--out", "o", "--checkpoint-every", "0"],
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2
+        assert "positive integer" in _one_error_line(capsys), argv
+    assert main(["search", *where, "   "]) == 2
+    assert "the query is empty" in _one_error_line(capsys)
+
+
+def test_model_folders_without_safetensors_weights_are_refused_not_unpickled(tiny_corpus, tmp_path, capsys):
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8}))
+    (pickled / "pytorch_model.bin").write_bytes(b"not even a pickle: it must never be opened")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text((pickled / "config.json").read_text())
+    for folder, said in ((pickled, "never loads (unpickling can run code)"), (empty, "no model weights")):
+        argv = [
+            "index",
+            "build",
+            "--corpus",
+            str(tiny_corpus.folder),
+            "--model",
+            str(folder),
+            "--out",
+            str(tmp_path / "i"),
+        ]
+        assert main([*argv, "--quiet"]) == 2
+        error = _one_error_line(capsys)
+        assert str(folder) in error and said in error
+
+
+def test_damaged_index_files_are_named(tiny_corpus, tiny_retriever, tmp_path, capsys):
+    from conftest import build_tiny_index
+
+    from realm.index.mips import MipsIndex, MipsIndexError
+
+    index_dir = tmp_path / "index"
+    build_tiny_index(tiny_corpus, tiny_retriever, index_dir)
+    ids = index_dir / "versions" / "v000001" / "block_ids.npy"
+    ids.write_bytes(ids.read_bytes()[:-10])  # truncated
+    with pytest.raises(MipsIndexError, match="block_ids.npy"):
+        MipsIndex(index_dir)
+    (index_dir / "CURRENT").write_bytes(b"\x00garbage")
+    assert main(["search", "--index", str(index_dir), "--model", "minilm", "q"]) == 2
+    assert str(index_dir / "CURRENT") in _one_error_line(capsys)
+
+
+def test_messages_say_what_happened(tmp_path, capsys, tiny_corpus, monkeypatch):
+    bad = tmp_path / "control.jsonl"
+    bad.write_text('{"id": "a", "title": "A", "text": "tab\there"}\n')
+    assert main(["corpus", "build", str(bad), "--out", str(tmp_path / "c"), "--quiet"]) == 2
+    error = _one_error_line(capsys)
+    assert "Invalid control character at column" in error and "at at" not in error
+    # a build resumed from finished shards says so instead of an absurd rate
+    import realm.index.mips as mips
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # after every shard was written, before the version was published
+
+    argv = ["index", "build", "--corpus", str(tiny_corpus.folder), "--model", "minilm", "--out", str(tmp_path / "i")]
+    with monkeypatch.context() as patch:
+        patch.setattr(mips, "publish", killed)
+        assert main([*argv, "--quiet"]) == 130
+    capsys.readouterr()
+    assert main([*argv, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "finished shards" in out and "e+" not in out and "000000" not in out

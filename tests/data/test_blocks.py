@@ -9,10 +9,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import DOCS, SHARED_DATA, TINY_CORPUS
+from conftest import DOCS, SHARED_DATA, TINY_CORPUS, dead_pid
 
 from realm.config import CorpusConfig
-from realm.data.blocks import BlockSplitter, BlockStore, build_corpus
+from realm.data.blocks import META, BlockSplitter, BlockStore, build_corpus
 from realm.data.sources import BadRecords, CorpusError, Document, read_documents
 
 
@@ -173,3 +173,71 @@ def test_squad_json_and_bad_squad(tmp_path):
         z.writestr("b.json", "{}")
     with pytest.raises(CorpusError, match="exactly one"):
         list(read_documents(str(archive), False, BadRecords()))
+
+
+def test_a_build_killed_before_its_first_commit_does_not_block_the_rerun(tmp_path, docs_file, tokenizer):
+    """kill -9 during the first build leaves only unfinished files; the same command then builds the corpus."""
+    out, dead = tmp_path / "c", dead_pid()
+    out.mkdir()
+    (out / f"blocks.arrow.partial-{dead}").write_bytes(b"half an Arrow file")
+    (out / f".{META}.tmp-{dead}-x1y2.tmp").write_text("{")
+    meta = build_corpus([str(docs_file)], out, tokenizer, TINY_CORPUS, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == sorted([META, f"blocks-{meta.fingerprint}.arrow"])
+    # a live writer's unfinished file is its own: kept, and a folder holding only it is not taken over
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "blocks.arrow.partial-1").write_bytes(b"being written by pid 1")
+    with pytest.raises(FileExistsError, match="not a corpus folder"):
+        build_corpus([str(docs_file)], busy, tokenizer, TINY_CORPUS, progress=False)
+    assert (busy / "blocks.arrow.partial-1").exists()
+    # and leftovers beside a finished corpus go on the next build
+    (out / f"blocks.arrow.partial-{dead}").write_bytes(b"half")
+    build_corpus([str(docs_file)], out, tokenizer, TINY_CORPUS, progress=False)
+    assert not (out / f"blocks.arrow.partial-{dead}").exists()
+
+
+def test_corpus_out_must_be_a_folder(tmp_path, docs_file, tokenizer):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(FileExistsError, match="is a file"):
+        build_corpus([str(docs_file)], tmp_path / "file", tokenizer, TINY_CORPUS, progress=False)
+
+
+def _docs(n: int) -> bytes:
+    return b"".join(
+        json.dumps({"id": f"d{i}", "title": f"T{i}", "text": f"Document number {i} says something."}).encode() + b"\n"
+        for i in range(n)
+    )
+
+
+def test_a_bad_byte_costs_one_line_and_is_named_by_its_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    lines = _docs(3).splitlines(keepends=True)
+    path.write_bytes(lines[0] + lines[1].replace(b"something", b"caf\xe9") + lines[2])
+    with pytest.raises(CorpusError, match=rf"{re.escape(str(path))}:2: not UTF-8 \(byte 0xe9 at column \d+\)"):
+        list(read_documents(str(path), False, BadRecords()))
+    bad = BadRecords()
+    assert [d.id for d in read_documents(str(path), True, bad)] == ["d0", "d2"] and bad.count == 1
+
+
+def test_a_byte_order_mark_opening_a_jsonl_file_is_accepted(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + _docs(2))
+    assert [d.id for d in read_documents(str(path), False, BadRecords())] == ["d0", "d1"]
+
+
+def test_a_truncated_gzip_keeps_what_was_read_under_skip_bad_and_names_the_line_otherwise(tmp_path, caplog):
+    whole = gzip.compress(_docs(2000))
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(CorpusError, match=rf"{re.escape(str(path))}:\d+: the file ends early") as stopped:
+        list(read_documents(str(path), False, BadRecords()))
+    assert "--skip-bad" in str(stopped.value)
+    bad = BadRecords()
+    kept = list(read_documents(str(path), True, bad))
+    assert 0 < len(kept) < 2000 and [d.id for d in kept] == [f"d{i}" for i in range(len(kept))]
+    assert bad.count == 1 and f"keeping the {len(kept)} lines read" in caplog.text
+
+
+def test_a_directory_as_input_says_so(tmp_path):
+    with pytest.raises(CorpusError, match="is a directory"):
+        list(read_documents(str(tmp_path), False, BadRecords()))

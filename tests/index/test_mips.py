@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import TINY_EMBED, TINY_RETRIEVER
+from conftest import TINY_EMBED, TINY_RETRIEVER, dead_pid
 from conftest import build_tiny_index as _build
 
 from realm.config import IndexConfig
@@ -20,6 +20,7 @@ from realm.index.mips import (
     CURRENT,
     MipsIndex,
     MipsIndexError,
+    build_index,
     current_version,
     publish,
 )
@@ -101,14 +102,14 @@ def test_interrupted_build_leaves_previous_index_usable_and_resumes(tmp_path, ti
 
     monkeypatch.setattr(BlockEmbedder, "embed", dying_embed)
     with pytest.raises(KeyboardInterrupt):
-        _build(tiny_corpus, other, index_dir)
+        _build(tiny_corpus, other, index_dir, replace_model=True)
     assert current_version(index_dir) == 1
     assert DenseSearcher(MipsIndex(index_dir), tiny_retriever).search("Bach composer", 3) == expected
     assert len(list((index_dir / BUILDING).glob("shard_*.npy"))) == 2
 
     # Resuming embeds only the missing shards and publishes version 2.
     calls["n"] = -100
-    meta = _build(tiny_corpus, other, index_dir)
+    meta = _build(tiny_corpus, other, index_dir, replace_model=True)
     assert calls["n"] == -100 + (len(tiny_corpus) + TINY_EMBED.shard_size - 1) // TINY_EMBED.shard_size - 2
     assert meta.version == 2 and current_version(index_dir) == 2
     fresh = _build(tiny_corpus, other, tmp_path / "fresh")
@@ -126,6 +127,19 @@ def test_half_written_version_is_never_read(tmp_path, tiny_corpus, tiny_retrieve
     assert MipsIndex(index_dir).version == 1
     _build(tiny_corpus, tiny_retriever, index_dir)
     assert MipsIndex(index_dir).version == 2
+
+
+def test_leftovers_of_killed_writers_are_removed_and_live_ones_kept(tmp_path, tiny_corpus, tiny_retriever):
+    index_dir = tmp_path / "index"
+    _build(tiny_corpus, tiny_retriever, index_dir)
+    dead = dead_pid()
+    killed = index_dir / "versions" / f".partial-{dead}-123"  # a whole version, killed before its rename
+    (killed / "sub").mkdir(parents=True)
+    (index_dir / f".CURRENT.tmp-{dead}-ab12.tmp").write_text("v0000")
+    live = index_dir / "versions" / ".partial-1-456"  # pid 1 is alive: another writer at work
+    live.mkdir()
+    _build(tiny_corpus, tiny_retriever, index_dir)
+    assert not killed.exists() and not list(index_dir.glob(".CURRENT.tmp-*")) and live.exists()
 
 
 def test_old_versions_are_pruned(tmp_path, tiny_corpus, tiny_retriever):
@@ -248,3 +262,39 @@ def test_gpu_side_modules_import_without_faiss_bm25s_or_spacy():
         "import realm.recipes.finetune_qa, realm.data.sentences\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_build_by_another_model_over_a_live_index_is_refused_unless_asked(
+    tmp_path, tiny_corpus, tiny_retriever, capsys
+):
+    from realm.cli.main import main
+
+    index_dir = tmp_path / "index"
+    _build(tiny_corpus, tiny_retriever, index_dir)
+    other = Retriever.load("random", dataclasses.replace(TINY_RETRIEVER, pooling="cls"))
+    embedder = BlockEmbedder(other.doc_tower, other.tokenizer, tiny_corpus.config, TINY_EMBED)
+    args = (tiny_corpus, embedder, other.doc_fingerprint(), index_dir, TINY_EMBED, IndexConfig(), other.config)
+    with pytest.raises(MipsIndexError) as refused:
+        build_index(*args, progress=False)
+    assert tiny_retriever.doc_fingerprint() in str(refused.value) and other.doc_fingerprint() in str(refused.value)
+    assert current_version(index_dir) == 1 and not (index_dir / "building").exists()  # nothing embedded or published
+    assert build_index(*args, progress=False, replace_model=True).version == 2
+    # the command line says the same in one line, and --replace-model is the way to mean it
+    assert (
+        main(
+            [
+                "index",
+                "build",
+                "--corpus",
+                str(tiny_corpus.folder),
+                "--model",
+                "minilm",
+                "--out",
+                str(index_dir),
+                "--quiet",
+            ]
+        )
+        == 2
+    )
+    error = capsys.readouterr().err
+    assert error.startswith("realm: error:") and "--replace-model" in error and error.count("\n") == 1

@@ -191,3 +191,28 @@ def test_eval_qa_and_ask_commands(tmp_path, tiny_qa, capsys, monkeypatch):
     assert "p(z|x)" in printed and "[[" in printed and "]]" in printed
     assert main(["ask", "anything", "--model", str(tmp_path / "nope"), "--index", str(index_dir), "--quiet"]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+def test_a_reader_never_fine_tuned_answers_with_a_warning(tmp_path, tiny_qa, capsys, monkeypatch):
+    """A `train pretrain` output has no span head: its answers are noise, and every surface says so."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from realm.serve.service import QAService, create_app
+
+    model_dir, index_dir = tiny_qa
+    monkeypatch.setattr("realm.cli.options.get_preset", lambda name: PRESET)
+    fresh = tmp_path / "pretrained"
+    shutil.copytree(model_dir, fresh)
+    (fresh / "reader" / "span_head.safetensors").unlink()
+    question = QUESTIONS[0].question
+    assert main(["ask", question, "--model", str(fresh), "--index", str(index_dir), "--json", "--quiet"]) == 0
+    said = capsys.readouterr()
+    assert "never fine-tuned" in json.loads(said.out)["warning"] and said.err.startswith("realm: warning:")
+    assert main(["ask", question, "--model", str(model_dir), "--index", str(index_dir), "--json", "--quiet"]) == 0
+    said = capsys.readouterr()
+    assert "warning" not in json.loads(said.out) and "warning" not in said.err
+    client = TestClient(create_app(QAService.load(str(fresh), index_dir, PRESET)))
+    assert "never fine-tuned" in client.post("/ask", json={"question": question}).json()["warning"]
+    assert "never fine-tuned" in client.get("/health").json()["warning"]

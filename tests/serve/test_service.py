@@ -50,6 +50,7 @@ def test_health_names_what_is_served(client, tiny_qa, tiny_corpus):
     assert client.get("/health").json() == {
         "status": "ok",
         "index_version": 1,
+        "latest_version": 1,
         "num_blocks": len(tiny_corpus),
         "model": str(tiny_qa[0]),
         "retriever": "dense",
@@ -167,11 +168,16 @@ def test_a_published_version_is_served_from_the_next_request(tmp_path, tiny_qa, 
     docs.write_text(json.dumps(EVEREST) + "\n")
     added = add_documents(MipsIndex(index_dir), str(docs), service.answerer.model.retriever, TINY_EMBED, 2)
 
-    assert client.get("/health").json() == before  # /health reports; requests swap
+    assert client.get("/health").json() == {**before, "latest_version": added.version}  # requests swap
     reply = client.post("/ask", json={"question": "How high is Mount Everest?", "k": MAX_K}).json()
     assert reply["index_version"] == added.version == before["index_version"] + 1
     assert "everest" in {e["doc_id"] for e in reply["evidence"]}
-    assert client.get("/health").json() == {**before, "index_version": added.version, "num_blocks": added.live_blocks}
+    assert client.get("/health").json() == {
+        **before,
+        "index_version": added.version,
+        "latest_version": added.version,
+        "num_blocks": added.live_blocks,
+    }
 
     removed = remove_documents(MipsIndex(index_dir), ["everest"], 2)
     reply = client.post("/ask", json={"question": "How high is Mount Everest?", "k": MAX_K}).json()
@@ -186,12 +192,14 @@ def test_a_version_it_cannot_serve_leaves_the_current_one_answering(tiny_qa, tin
     service = QAService.load(str(model_dir), index_dir, TINY_QA_PRESET)
     client = TestClient(create_app(service))
     other = Retriever.load("random", dataclasses.replace(TINY_QA_PRESET.retriever, pooling="cls"))
-    build_from_retriever(other, tiny_corpus, index_dir, TINY_EMBED, IndexConfig(), 0, 0.0)
+    build_from_retriever(other, tiny_corpus, index_dir, TINY_EMBED, IndexConfig(), 0, 0.0, replace_model=True)
     for _ in range(2):
         response = client.post("/ask", json={"question": "Where did Bach die?"})
         assert response.status_code == 200 and response.json()["index_version"] == 1
     assert sum("cannot serve v2" in r.getMessage() for r in caplog.records) == 1
-    assert client.get("/health").json()["index_version"] == 1
+    health = client.get("/health").json()
+    assert (health["status"], health["index_version"], health["latest_version"]) == ("behind", 1, 2)
+    assert "cannot serve v2" in health["reason"] and "document tower" in health["reason"]
 
 
 def test_serve_command_binds_to_this_machine_by_default(tiny_qa, tiny_corpus, monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from realm.cli.options import common, resolve_preset
+from realm.cli.options import common, positive_int, resolve_preset
 from realm.config import MINILM
 from realm.data.sources import VITAL_ARTICLES
 
@@ -33,7 +33,7 @@ def add_commands(commands) -> None:
     build.add_argument("inputs", nargs="+", help=f"JSONL(.gz) / SQuAD .json|.zip files, or {VITAL_ARTICLES!r}")
     build.add_argument("--out", required=True, help="corpus folder")
     build.add_argument("--tokenizer", default=MINILM, help="'minilm' or a folder with a BERT tokenizer")
-    build.add_argument("--max-block-tokens", type=int, help="block budget incl. [CLS] title [SEP] body [SEP]")
+    build.add_argument("--max-block-tokens", type=positive_int, help="block budget incl. [CLS] title [SEP] body [SEP]")
     build.add_argument("--skip-bad", action="store_true", help="skip malformed records and count them")
     common(build)
     build.set_defaults(run=cmd_corpus_build)

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from realm.cli.options import answerer_options, common, load_retriever, resolve_preset
+from realm.cli.options import answerer_options, common, load_retriever, positive_int, positive_ints, resolve_preset
 
 
 def _dense_searcher(args: argparse.Namespace):
@@ -22,6 +22,8 @@ def _dense_searcher(args: argparse.Namespace):
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    if not args.query.strip():
+        raise ValueError("the query is empty")
     hits = _dense_searcher(args).search(args.query, args.k)
     if args.json:
         print(json.dumps([dataclasses.asdict(h) for h in hits], ensure_ascii=False, indent=2))
@@ -39,7 +41,7 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     from realm.index.mips import MipsIndex
     from realm.index.search import BM25Searcher, search_all
 
-    ks = sorted({int(k) for k in args.k.split(",")})
+    ks = args.k
     examples = load_qa(args.qa)
     if args.limit:
         examples = examples[: args.limit]
@@ -79,7 +81,7 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
 
     examples = load_qa(args.qa)[: args.limit]
     answerer = load_answerer(args.model, args.index, resolve_preset(args, "qa"), args.retriever, corpus=args.corpus)
-    result = evaluate_qa(answerer, examples, [int(k) for k in args.recall_k.split(",")], Path(args.out))
+    result = evaluate_qa(answerer, examples, args.recall_k, Path(args.out))
     summary = {**result, "retriever": args.retriever}
     if args.json:
         print(json.dumps(summary))
@@ -97,8 +99,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     answerer = load_answerer(args.model, args.index, resolve_preset(args, "qa"), args.retriever, corpus=args.corpus)
     answer = answerer.ask([args.question])[0]
+    if answerer.warning:
+        print(f"realm: warning: {answerer.warning}", file=sys.stderr)
     if args.json:
-        print(json.dumps(answer.to_dict(), ensure_ascii=False, indent=2))
+        warning = {"warning": answerer.warning} if answerer.warning else {}
+        print(json.dumps({**answer.to_dict(), **warning}, ensure_ascii=False, indent=2))
         return 0
     print(f"{answer.answer or '(no answer)'}    p = {answer.score:.3f}\n")
     bold = sys.stdout.isatty()
@@ -126,7 +131,7 @@ def add_commands(commands) -> None:
     search.add_argument("--index", required=True)
     search.add_argument("--model", required=True)
     search.add_argument("--corpus", help="corpus folder, if it moved since the index was built")
-    search.add_argument("-k", type=int, default=5)
+    search.add_argument("-k", type=positive_int, default=5)
     search.add_argument("--json", action="store_true")
     common(search)
     search.set_defaults(run=cmd_search)
@@ -138,8 +143,8 @@ def add_commands(commands) -> None:
     retrieval.add_argument("--model")
     retrieval.add_argument("--corpus")
     retrieval.add_argument("--retriever", choices=["dense", "bm25"], default="dense")
-    retrieval.add_argument("--k", default="1,5,20,100")
-    retrieval.add_argument("--limit", type=int, help="only the first N questions")
+    retrieval.add_argument("--k", type=positive_ints, default=[1, 5, 20, 100], help="cut-offs, e.g. 1,5,20")
+    retrieval.add_argument("--limit", type=positive_int, help="only the first N questions")
     retrieval.add_argument("--json", action="store_true")
     common(retrieval)
     retrieval.set_defaults(run=cmd_eval_retrieval)
@@ -148,8 +153,8 @@ def add_commands(commands) -> None:
     answerer_options(eval_qa)
     eval_qa.add_argument("--qa", required=True)
     eval_qa.add_argument("--out", required=True, help="predictions JSONL")
-    eval_qa.add_argument("--recall-k", default="1,5,20")
-    eval_qa.add_argument("--limit", type=int)
+    eval_qa.add_argument("--recall-k", type=positive_ints, default=[1, 5, 20], help="cut-offs, e.g. 1,5,20")
+    eval_qa.add_argument("--limit", type=positive_int)
     eval_qa.add_argument("--json", action="store_true")
     common(eval_qa)
     eval_qa.set_defaults(run=cmd_eval_qa)

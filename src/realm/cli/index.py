@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from realm.cli.options import common, embedding_options, load_retriever, resolve_preset
+from realm.cli.options import common, embedding_options, load_retriever, non_negative_int, positive_int, resolve_preset
 
 
 def cmd_index_build(args: argparse.Namespace) -> int:
@@ -15,12 +15,18 @@ def cmd_index_build(args: argparse.Namespace) -> int:
     preset = resolve_preset(args)
     retriever = load_retriever(args.model, preset)
     meta = build_from_retriever(
-        retriever, BlockStore(args.corpus), Path(args.out), preset.embed, preset.index, progress=not args.quiet
+        retriever,
+        BlockStore(args.corpus),
+        Path(args.out),
+        preset.embed,
+        preset.index,
+        progress=not args.quiet,
+        replace_model=args.replace_model,
     )
+    rate = f"{meta.num_vectors / meta.embed_seconds:.1f} blocks/s" if meta.embed_seconds >= 1 else "finished shards"
     print(
         f"index {args.out} v{meta.version}: {meta.num_vectors} x {meta.dim} ({meta.backend}), "
-        f"embedded in {meta.embed_seconds:.0f}s ({meta.num_vectors / max(meta.embed_seconds, 1e-9):.1f} blocks/s), "
-        f"built in {meta.build_seconds:.0f}s"
+        f"embedded in {meta.embed_seconds:.0f}s ({rate}), built in {meta.build_seconds:.0f}s"
     )
     return 0
 
@@ -98,6 +104,11 @@ def add_commands(commands) -> None:
     build.add_argument("--corpus", required=True)
     build.add_argument("--model", required=True, help="'minilm', 'random', or a checkpoint folder")
     build.add_argument("--out", required=True, help="index folder")
+    build.add_argument(
+        "--replace-model",
+        action="store_true",
+        help="publish even though the folder's live version was built by another model's document tower",
+    )
     embedding_options(build)
     common(build)
     build.set_defaults(run=cmd_index_build)
@@ -107,10 +118,12 @@ def add_commands(commands) -> None:
     refresh.add_argument("--corpus", required=True)
     refresh.add_argument("--out", required=True, help="index folder to publish new versions into")
     refresh.add_argument("--config", help="the trainer's builder.json (its embed/index settings); else the preset's")
-    refresh.add_argument("--refresh-every", type=int, default=1, help="0: never rebuild (frozen index)")
+    refresh.add_argument("--refresh-every", type=non_negative_int, default=1, help="0: never rebuild (frozen index)")
     refresh.add_argument("--poll-seconds", type=float, default=2.0)
-    refresh.add_argument("--max-builds", type=int, help="exit after this many builds")
-    refresh.add_argument("--threads", type=int, help="torch threads (leave cores to a trainer on the same machine)")
+    refresh.add_argument("--max-builds", type=positive_int, help="exit after this many builds")
+    refresh.add_argument(
+        "--threads", type=positive_int, help="torch threads (leave cores to a trainer on the same machine)"
+    )
     refresh.add_argument("--exit-with-parent", action="store_true", help="stop when the process that started it exits")
     embedding_options(refresh)
     common(refresh)

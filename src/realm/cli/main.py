@@ -10,10 +10,11 @@ import logging
 import sys
 
 from realm.cli import corpus, evaluate, index, pipeline, serve, train
+from realm.cli.options import Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="realm", description="REALM: retrieval-augmented language models")
+    parser = Parser(prog="realm", description="REALM: retrieval-augmented language models")
     commands = parser.add_subparsers(dest="command", required=True)
     for group in (corpus, index, train, evaluate, serve, pipeline):
         group.add_commands(commands)

@@ -59,6 +59,38 @@ def resolve_preset(args: argparse.Namespace, section: str | None = None) -> Pres
     return dataclasses.replace(preset, **changes)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported as one `realm: error:` line (exit 2) like every other error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"realm: error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def positive_ints(text: str) -> list[int]:
+    """A comma-separated list of positive integers, e.g. 1,5,20."""
+    try:
+        values = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of positive integers like 1,5,20")
+    return values
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
 def common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="settings preset (default: cpu)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -76,16 +108,16 @@ def answerer_options(parser: argparse.ArgumentParser) -> None:
         "--retriever", choices=["dense", "bm25"], default="dense", help="bm25: same reader, BM25 search"
     )
     parser.add_argument("--corpus", help="corpus folder, if it moved since the index was built")
-    parser.add_argument("--top-k", type=int, help="blocks given to the reader (default: preset)")
+    parser.add_argument("--top-k", type=positive_int, help="blocks given to the reader (default: preset)")
 
 
 def embedding_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pooling", choices=["cls", "mean"], help="tower pooling for a warm start (default: preset)")
     parser.add_argument("--backend", choices=["flat", "hnsw", "ivfpq"], help="index type (default: flat, exact)")
-    parser.add_argument("--batch-size", dest="embed_batch_size", type=int, help="blocks per embedding batch")
+    parser.add_argument("--batch-size", dest="embed_batch_size", type=positive_int, help="blocks per embedding batch")
     parser.add_argument("--dtype", choices=["auto", "bf16", "fp32"], help="compute dtype (auto: bf16 where supported)")
     parser.add_argument("--storage", choices=["fp16", "fp32"], help="stored embedding dtype (default fp16)")
-    parser.add_argument("--shard-size", type=int, help="blocks per resumable shard")
+    parser.add_argument("--shard-size", type=positive_int, help="blocks per resumable shard")
 
 
 def load_retriever(spec: str, preset: Preset, index=None):

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from realm.cli.options import common, resolve_preset
+from realm.cli.options import common, non_negative_int, positive_int, resolve_preset
 from realm.config import MINILM
 
 
@@ -78,8 +78,8 @@ def add_commands(commands) -> None:
     ict.add_argument("--corpus", required=True)
     ict.add_argument("--out", required=True)
     ict.add_argument("--model", default=MINILM, help="warm start of both towers (default: minilm)")
-    ict.add_argument("--steps", type=int)
-    ict.add_argument("--batch-size", type=int)
+    ict.add_argument("--steps", type=positive_int)
+    ict.add_argument("--batch-size", type=positive_int)
     ict.add_argument("--lr", type=float)
     _resume_options(ict)
     common(ict)
@@ -90,19 +90,23 @@ def add_commands(commands) -> None:
     pretrain.add_argument("--out", required=True)
     pretrain.add_argument("--retriever", default=MINILM, help="retriever warm start, e.g. an ICT run's retriever/")
     pretrain.add_argument("--reader", default=MINILM, help="reader warm start (BERT folder or minilm)")
-    pretrain.add_argument("--steps", type=int)
-    pretrain.add_argument("--batch-size", type=int, help="global batch (split across torchrun processes)")
+    pretrain.add_argument("--steps", type=positive_int)
+    pretrain.add_argument("--batch-size", type=positive_int, help="global batch (split across torchrun processes)")
     pretrain.add_argument("--lr", type=float)
     pretrain.add_argument("--retriever-lr", type=float, help="learning rate of both towers (default: preset)")
     pretrain.add_argument(
         "--retriever-frozen-steps",
-        type=int,
+        type=non_negative_int,
         help="towers stay frozen for the first N steps while the reader's fresh head learns",
     )
-    pretrain.add_argument("--num-candidates", type=int, help="candidates per query, the null document included")
+    pretrain.add_argument(
+        "--num-candidates", type=positive_int, help="candidates per query, the null document included"
+    )
     pretrain.add_argument("--masking", choices=["salient", "random-span", "uniform"])
-    pretrain.add_argument("--refresh-every", type=int, help="snapshot for the index builder every N steps; 0: frozen")
-    pretrain.add_argument("--checkpoint-every", type=int)
+    pretrain.add_argument(
+        "--refresh-every", type=non_negative_int, help="snapshot for the index builder every N steps; 0: frozen"
+    )
+    pretrain.add_argument("--checkpoint-every", type=positive_int)
     _resume_options(pretrain)
     common(pretrain)
     pretrain.set_defaults(run=cmd_train_pretrain)
@@ -117,11 +121,11 @@ def add_commands(commands) -> None:
     qa.add_argument("--train", required=True, help="JSONL {question, answer: [...]} (*.regex.jsonl: regexes)")
     qa.add_argument("--dev", required=True)
     qa.add_argument("--out", required=True)
-    qa.add_argument("--epochs", type=int)
-    qa.add_argument("--batch-size", type=int)
+    qa.add_argument("--epochs", type=positive_int)
+    qa.add_argument("--batch-size", type=positive_int)
     qa.add_argument("--lr", type=float)
-    qa.add_argument("--top-k", type=int, help="blocks given to the reader")
-    qa.add_argument("--beam", type=int, help="blocks searched for the retrieval loss")
+    qa.add_argument("--top-k", type=positive_int, help="blocks given to the reader")
+    qa.add_argument("--beam", type=positive_int, help="blocks searched for the retrieval loss")
     _resume_options(qa)
     common(qa)
     qa.set_defaults(run=cmd_train_qa)

@@ -1,9 +1,15 @@
-"""Atomic file writes: write to a temporary sibling, fsync, then rename over the target."""
+"""Atomic file writes: write to a temporary sibling, fsync, then rename over the target.
+
+Unfinished outputs carry their writer's pid in their name (`<name>.partial-<pid>...`, `.<name>.tmp-<pid>-...`),
+so the next run can tell the leftovers of a writer that was killed (removed by `clean_partials`) from the
+work of one still running (kept).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -26,11 +32,40 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+_PARTIAL = re.compile(r"\.(?:partial|tmp)-(\d+)(?:-|$)")
+
+
+def partial_name(name: str) -> str:
+    """The name of `name` while this process writes it."""
+    return f"{name}.partial-{os.getpid()}"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def clean_partials(folder: Path) -> list[Path]:
+    """Remove the unfinished outputs in `folder` whose writer process is gone (killed mid-write); returns them."""
+    removed = []
+    for entry in Path(folder).iterdir() if Path(folder).is_dir() else []:
+        match = _PARTIAL.search(entry.name)
+        if match and not pid_alive(int(match.group(1))):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
 def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     """Call `write(tmp_path)`, then rename tmp_path to `path`: readers see the old file or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-{os.getpid()}-", suffix=".tmp")
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; others on a shared filesystem must read them
     try:

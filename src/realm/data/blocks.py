@@ -27,7 +27,7 @@ import pyarrow as pa
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from realm.common.io import write_json_atomic
+from realm.common.io import clean_partials, partial_name, write_json_atomic
 from realm.common.tokenization import tokenizer_fingerprint
 from realm.config import CorpusConfig
 from realm.data.sources import BadRecords, CorpusError, Document, read_all
@@ -221,6 +221,9 @@ def build_corpus(
     """Read, split and store; the new corpus replaces any old one at `out_dir` only once complete."""
     started = time.monotonic()
     out_dir = Path(out_dir)
+    if out_dir.is_file():
+        raise FileExistsError(f"{out_dir} is a file; --out must name a folder for the corpus")
+    clean_partials(out_dir)  # a build killed before its first commit leaves only these: the re-run starts over
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / META).exists():
         raise FileExistsError(f"{out_dir} exists and is not a corpus folder; refusing to write into it")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -238,7 +241,7 @@ def build_corpus(
                 fingerprint.update(block)
                 yield block
 
-    partial = out_dir / f"blocks.arrow.partial-{os.getpid()}"
+    partial = out_dir / partial_name("blocks.arrow")
     try:
         num_blocks = write_blocks(partial, all_blocks())
         if num_blocks == 0:

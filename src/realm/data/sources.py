@@ -6,6 +6,7 @@ or, with `skip_bad`, counts them in a `BadRecords` tally and moves on.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 import io
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,20 +85,54 @@ def _bad(where: str, why: str, skip_bad: bool, bad: BadRecords) -> None:
     bad.add(where, why)
 
 
+class TruncatedInput(CorpusError):
+    """A (gzip) file that ends early or is damaged after `lines_read` complete lines."""
+
+    def __init__(self, message: str, lines_read: int):
+        super().__init__(message)
+        self.lines_read = lines_read
+
+
+def numbered_lines(path: Path) -> Iterator[tuple[int, str | None, str]]:
+    """(line number, text, problem) of a (possibly gzipped) text file, decoded line by line: a line that is not
+    UTF-8 comes as (n, None, why), so a caller can skip just that line; a UTF-8 BOM opening the file is dropped;
+    a stream that ends early raises TruncatedInput after the lines that were read."""
+    lineno = 0
+    try:
+        with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as handle:
+            for lineno, raw in enumerate(handle, start=1):
+                if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                    raw = raw[len(codecs.BOM_UTF8) :]
+                try:
+                    yield lineno, raw.decode("utf-8"), ""
+                except UnicodeDecodeError as err:
+                    yield lineno, None, f"not UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})"
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        if lineno == 0 and isinstance(err, gzip.BadGzipFile):
+            raise CorpusError(f"{path}: cannot be read as gzip ({err})") from err
+        raise TruncatedInput(
+            f"{path}:{lineno + 1}: the file ends early or is damaged after line {lineno} ({err})", lineno
+        ) from err
+
+
 def read_jsonl(path: Path, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
     try:
-        with open_text(path) as lines:
-            for lineno, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
+        for lineno, line, problem in numbered_lines(path):
+            if line is None:
+                _bad(f"{path}:{lineno}", problem, skip_bad, bad)
+            elif line.strip():
                 try:
                     yield _document_from_record(json.loads(line))
                 except json.JSONDecodeError as err:
-                    _bad(f"{path}:{lineno}", f"invalid JSON ({err.msg} at column {err.colno})", skip_bad, bad)
+                    why = f"invalid JSON ({err.msg.removesuffix(' at')} at column {err.colno})"
+                    _bad(f"{path}:{lineno}", why, skip_bad, bad)
                 except ValueError as err:
                     _bad(f"{path}:{lineno}", str(err), skip_bad, bad)
-    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
-        raise CorpusError(f"{path}: cannot be read as UTF-8 JSONL: {err}") from err
+    except TruncatedInput as err:
+        if not skip_bad:
+            raise CorpusError(f"{err} (use --skip-bad to keep the lines read before it)") from err
+        bad.add(f"{path}:{err.lines_read + 1}", "the file ends early")
+        log.warning("%s; keeping the %d lines read before it", err, err.lines_read)
 
 
 def _squad_documents(data: dict, where: str, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
@@ -180,6 +216,8 @@ def read_documents(spec: str, skip_bad: bool, bad: BadRecords) -> Iterator[Docum
         yield from read_vital_articles(skip_bad, bad)
         return
     path = Path(spec)
+    if path.is_dir():
+        raise CorpusError(f"{spec}: is a directory; name the files in it (e.g. {path / '*.jsonl.gz'})")
     if not path.is_file():
         raise CorpusError(f"{spec}: no such file (inputs are JSONL/JSONL.gz, SQuAD .json/.zip, or {VITAL_ARTICLES!r})")
     if path.name.endswith((".jsonl", ".jsonl.gz")):

@@ -104,6 +104,16 @@ class Answerer:
         self.dtype = dtype
         self.uniform_prior = not searcher.scores_are_retrieval_logits
 
+    @property
+    def warning(self) -> str | None:
+        """What a user must know about these answers: a reader that was never fine-tuned answers with noise."""
+        if self.model.reader.fine_tuned:
+            return None
+        return (
+            "the reader was never fine-tuned for QA (its span head is fresh: a `realm train pretrain` output or "
+            "MiniLM as it comes), so its answers are noise; fine-tune it with `realm train qa --model MODEL ...`"
+        )
+
     def ask(self, questions: Sequence[str]) -> list[Answer]:
         answers = []
         for start in range(0, len(questions), self.batch_size):

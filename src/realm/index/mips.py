@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from realm.common.io import fsync_dir, write_atomic
+from realm.common.io import clean_partials, fsync_dir, write_atomic
 from realm.config import Backend, EmbedConfig, IndexConfig, RetrieverConfig
 from realm.data.blocks import BlockStore
 from realm.index.backends import (
@@ -102,7 +102,10 @@ def current_version(index_dir: Path) -> int | None:
     pointer = Path(index_dir) / CURRENT
     if not pointer.exists():
         return None
-    return int(pointer.read_text().strip().lstrip("v"))
+    text = pointer.read_text(errors="replace").strip()
+    if not (text.startswith("v") and text[1:].isdigit()):
+        raise MipsIndexError(f"{pointer}: {text[:40]!r} is not a version name (like v000003); the file is damaged")
+    return int(text[1:])
 
 
 def publish(
@@ -112,6 +115,9 @@ def publish(
     `index` is the faiss index, or None for a flat version built without faiss."""
     versions_dir = index_dir / VERSIONS
     versions_dir.mkdir(parents=True, exist_ok=True)
+    for folder in (index_dir, versions_dir):  # what writers killed mid-publish left behind
+        for path in clean_partials(folder):
+            log.info("removed %s, left by a writer that was killed", path)
     tmp = versions_dir / f".partial-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()
     try:
@@ -152,9 +158,21 @@ def build_index(
     progress: bool = True,
     checkpoint_step: int | None = None,
     checkpoint_time: float | None = None,
+    replace_model: bool = False,
 ) -> IndexMeta:
-    """Embed every block of `store` and publish a new index version at `index_dir`."""
+    """Embed every block of `store` and publish a new index version at `index_dir`. A folder whose live version
+    was built by another document tower is refused unless `replace_model` (its users' query towers would no
+    longer match it); the trainer's builder, whose towers change by design, passes True."""
     index_dir = Path(index_dir)
+    live = current_version(index_dir) if (index_dir / CURRENT).exists() else None
+    if live is not None and not replace_model:
+        built_by = json.loads((version_dir(index_dir, live) / "meta.json").read_text())["doc_tower_fingerprint"]
+        if built_by != doc_fingerprint:
+            raise MipsIndexError(
+                f"{index_dir}: its live version v{live} was built by document tower {built_by}, this model's is "
+                f"{doc_fingerprint}; publishing would break every user of the folder (their query tower no longer "
+                "matches). Build into another folder, or pass --replace-model to replace the index's model"
+            )
     if (
         index_dir.exists()
         and any(index_dir.iterdir())
@@ -214,12 +232,15 @@ class MipsIndex:
             )
         folder = version_dir(self.index_dir, version)
         self.folder = folder
+        part = folder / "meta.json"  # named in the error: the file that could not be read
         try:
-            self.meta = IndexMeta(**json.loads((folder / "meta.json").read_text()))
-            self.block_ids = np.load(folder / "block_ids.npy")
+            self.meta = IndexMeta(**json.loads(part.read_text()))
+            part = folder / "block_ids.npy"
+            self.block_ids = np.load(part)
+            part = folder / ("index.faiss" if (folder / "index.faiss").exists() else "embeddings.npy")
             self.index = self._open_search(folder, device)
-        except (FileNotFoundError, json.JSONDecodeError, TypeError, RuntimeError, ValueError) as err:
-            raise MipsIndexError(f"{folder}: unreadable index version: {err}") from err
+        except (FileNotFoundError, json.JSONDecodeError, TypeError, RuntimeError, ValueError, EOFError) as err:
+            raise MipsIndexError(f"{part}: unreadable ({err}); this index version is damaged") from err
         if self.index.ntotal != self.meta.num_vectors or len(self.block_ids) != self.meta.num_vectors:
             raise MipsIndexError(f"{folder}: {self.index.ntotal} vectors, metadata says {self.meta.num_vectors}")
 

@@ -148,6 +148,7 @@ def build_from_retriever(
     step: int | None = None,
     snapshot_time: float | None = None,
     progress: bool = False,
+    replace_model: bool = False,
 ) -> IndexMeta:
     """Embed every block with the retriever's document tower and publish a version: the one build path of
     `realm index build`, the trainer's first index and the builder's rebuilds. `step`/`snapshot_time`: the
@@ -164,6 +165,7 @@ def build_from_retriever(
         progress=progress,
         checkpoint_step=step,
         checkpoint_time=snapshot_time,
+        replace_model=replace_model,
     )
 
 
@@ -200,7 +202,14 @@ def refresh_loop(
             log.warning("snapshot %s vanished while loading (%s); retrying", newest, err)
             continue
         meta = build_from_retriever(
-            retriever, store, index_dir, config.embed, config.index, newest_step, snapshot_info(newest)["time"]
+            retriever,
+            store,
+            index_dir,
+            config.embed,
+            config.index,
+            newest_step,
+            snapshot_info(newest)["time"],
+            replace_model=True,  # the towers of a training run change by design
         )
         builds += 1
         log.info(

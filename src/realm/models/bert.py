@@ -13,18 +13,37 @@ from transformers import BertConfig, BertForMaskedLM, BertModel
 
 from realm.config import EncoderShape
 
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
+
+
+def check_weights(folder: str | Path) -> None:
+    """Refuse a folder without safetensors weights before transformers looks at it: pickle files are never
+    loaded (unpickling runs code), and a folder without weights gets a message, not a traceback."""
+    folder = Path(folder)
+    if (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file():
+        return
+    others = [name for name in PICKLED_WEIGHTS if (folder / name).exists()]
+    if others:
+        raise FileNotFoundError(
+            f"{folder}: holds only {others[0]}, which realm never loads (unpickling can run code); convert it to "
+            "safetensors where you trust its origin, e.g. transformers' save_pretrained(..., safe_serialization=True)"
+        )
+    raise FileNotFoundError(f"{folder}: no model weights (model.safetensors) in this folder")
+
 
 def load_bert(folder: str | Path) -> BertModel:
     """A BERT body (no pooler)."""
+    check_weights(folder)
     return BertModel.from_pretrained(
-        str(folder), add_pooling_layer=False, attn_implementation="sdpa", dtype=torch.float32
+        str(folder), add_pooling_layer=False, attn_implementation="sdpa", use_safetensors=True, dtype=torch.float32
     )
 
 
 def load_masked_lm(folder: str | Path) -> BertForMaskedLM:
     """A BERT with its masked-LM head, the decoder tied to the word embeddings."""
+    check_weights(folder)
     return BertForMaskedLM.from_pretrained(
-        str(folder), attn_implementation="sdpa", tie_word_embeddings=True, dtype=torch.float32
+        str(folder), attn_implementation="sdpa", use_safetensors=True, tie_word_embeddings=True, dtype=torch.float32
     )
 
 

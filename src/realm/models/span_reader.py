@@ -61,6 +61,7 @@ class SpanReader(nn.Module):
         self.tokenizer = tokenizer
         self.max_span_width = max_span_width
         self.span_head = SpanHead(bert.config.hidden_size, span_hidden)
+        self.fine_tuned = False  # True once a trained span head is loaded: a fresh one answers with noise
 
     @classmethod
     def load(cls, spec: str, span_hidden: int = 256, max_span_width: int = 10) -> SpanReader:
@@ -77,6 +78,7 @@ class SpanReader(nn.Module):
         reader = cls(bert, load_tokenizer(folder), span_hidden, max_span_width)
         if (folder / SPAN_HEAD_FILE).is_file():
             reader.span_head.load_state_dict(load_file(folder / SPAN_HEAD_FILE))
+            reader.fine_tuned = True
         return reader
 
     def save(self, folder: str | Path) -> None:

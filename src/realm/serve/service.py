@@ -77,6 +77,7 @@ class QAService:
         self.corpus = corpus
         self.knowledge = Knowledge(version, answerer.searcher)
         self._unservable: int | None = None  # a published version that failed to load: not retried
+        self._unservable_reason = ""
         self._lock = threading.RLock()
 
     @classmethod
@@ -102,7 +103,7 @@ class QAService:
         with self._lock:
             try:
                 version = current_version(self.index_dir)
-            except (OSError, ValueError) as err:
+            except (OSError, ValueError, MipsIndexError) as err:
                 log.warning(
                     "index %s: unreadable CURRENT (%s); keeping v%d", self.index_dir, err, self.knowledge.version
                 )
@@ -117,7 +118,7 @@ class QAService:
                 log.warning(
                     "index %s: cannot serve v%d (%s); keeping v%d", self.index_dir, version, err, self.knowledge.version
                 )
-                self._unservable = version
+                self._unservable, self._unservable_reason = version, str(err)
                 return
             self.knowledge = Knowledge(version, searcher)
             log.info("index %s: now serving v%d (%d blocks)", self.index_dir, version, self.knowledge.num_blocks)
@@ -128,14 +129,27 @@ class QAService:
             self.refresh()
             hits = self.knowledge.searcher.batch_search([question], k or self.answerer.k)
             answer = self.answerer.read([question], hits)[0]
-            return {**answer.to_dict(), "index_version": self.knowledge.version}
+            warning = {"warning": self.answerer.warning} if self.answerer.warning else {}
+            return {**answer.to_dict(), "index_version": self.knowledge.version, **warning}
 
     def health(self) -> dict:
-        """Lock-free, so that it answers while a question is being read."""
+        """Lock-free, so that it answers while a question is being read. `latest_version` is the folder's
+        published one: a newer version is loaded by the next request ("ok"); one that cannot be served leaves
+        the service "behind", with the reason."""
         knowledge = self.knowledge
+        try:
+            latest = current_version(self.index_dir)
+        except (OSError, ValueError, MipsIndexError):
+            latest = None
+        behind = latest is not None and latest != knowledge.version and latest == self._unservable
+        reason = {"reason": f"cannot serve v{latest}: {self._unservable_reason}"} if behind else {}
+        warning = {"warning": self.answerer.warning} if self.answerer.warning else {}
         return {
-            "status": "ok",
+            "status": "behind" if behind else "ok",
+            **reason,
+            **warning,
             "index_version": knowledge.version,
+            "latest_version": latest,
             "num_blocks": knowledge.num_blocks,
             "model": self.model_spec,
             "retriever": self.retriever,
