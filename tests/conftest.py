@@ -173,13 +173,13 @@ def qa_service(tiny_qa):
 
 
 @contextmanager
-def serving(app) -> Iterator[str]:
-    """Run `app` with uvicorn in a background thread on a free port; yields its base URL."""
+def serving(app, **settings) -> Iterator[str]:
+    """Run `app` with uvicorn (and `settings` for it) in a background thread on a free port; yields its base URL."""
     import uvicorn
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **settings))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -9,13 +9,14 @@ model is not safe to interleave, and FastAPI runs these sync endpoints in a thre
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -25,6 +26,7 @@ from realm.config import Preset
 from realm.eval.answerer import Answerer, load_answerer, open_searcher
 from realm.index.mips import MipsIndex, MipsIndexError, current_version
 from realm.index.search import Searcher
+from realm.serve.bounds import BoundedRequests, ServiceLimits
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +170,13 @@ def _message(err: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
-def create_app(service: QAService) -> FastAPI:
-    """The HTTP API over a loaded service, and the page that uses it."""
-    app = FastAPI(title="realm", summary="Open-domain questions answered with retrieved evidence")
+def create_app(service: QAService, api_key: str | None = None, limits: ServiceLimits | None = None) -> FastAPI:
+    """The HTTP API over a loaded service, and the page that uses it, behind the request bounds. With `api_key`,
+    `/ask` wants `Authorization: Bearer <api_key>`. No /docs or /redoc: they load scripts from a CDN."""
+    app = FastAPI(
+        title="realm", summary="Open-domain questions answered with retrieved evidence", docs_url=None, redoc_url=None
+    )
+    app.add_middleware(BoundedRequests, limits=limits or ServiceLimits())
     page = (files("realm.serve") / "web" / "index.html").read_text(encoding="utf-8")
 
     @app.exception_handler(RequestValidationError)
@@ -188,7 +194,13 @@ def create_app(service: QAService) -> FastAPI:
     def health() -> dict:
         return service.health()
 
-    @app.post("/ask")
+    def authorized(authorization: Annotated[str | None, Header()] = None) -> None:
+        if api_key is not None and not secrets.compare_digest(authorization or "", f"Bearer {api_key}"):
+            raise HTTPException(
+                401, "this service needs an API key: send Authorization: Bearer <key>", {"WWW-Authenticate": "Bearer"}
+            )
+
+    @app.post("/ask", dependencies=[Depends(authorized)])
     def ask(request: AskRequest) -> dict:
         return service.ask(request.question, request.k)
 
