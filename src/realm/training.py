@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 from tqdm import tqdm
 
-from realm.common.io import write_dir_atomic, write_json_atomic
+from realm.common.io import write_dir_atomic
 
 log = logging.getLogger(__name__)
 
@@ -161,38 +160,6 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler
     optimizer.zero_grad(set_to_none=True)
 
 
-# -- the run's config -----------------------------------------------------------------------------
-RUN_CONFIG = "config.json"
-
-
-def _flatten(value, prefix: str = "") -> dict[str, object]:
-    if isinstance(value, dict):
-        return {k: v for key, item in value.items() for k, v in _flatten(item, f"{prefix}{key}.").items()}
-    return {prefix.rstrip("."): value}
-
-
-def record_run_config(out_dir: Path, config: dict, resume: bool, allow_change: bool = False) -> None:
-    """Write out_dir/config.json: the resolved config the run trains with, the command line and the package
-    version. Resuming a run whose saved config differs is refused, naming the keys that differ, unless
-    `allow_change`: a resumed run must not silently mix two settings."""
-    from realm import __version__
-
-    path = Path(out_dir) / RUN_CONFIG
-    config = json.loads(json.dumps(config))  # what the file will hold (tuples as lists, paths as strings)
-    if resume and path.exists():
-        saved, new = _flatten(json.loads(path.read_text())["config"]), _flatten(config)
-        changed = [key for key in sorted(saved.keys() | new.keys()) if saved.get(key) != new.get(key)]
-        if changed and not allow_change:
-            listed = ", ".join(f"{key} ({saved.get(key)!r} -> {new.get(key)!r})" for key in changed)
-            raise ValueError(
-                f"{path}: --resume with settings that differ from the saved run: {listed}; resume with "
-                "the same settings, or pass --allow-config-change to continue with the new ones"
-            )
-        if changed:
-            log.warning("resuming %s with changed settings: %s", out_dir, ", ".join(changed))
-    write_json_atomic(path, {"config": config, "command": sys.argv, "version": __version__, "time": time.time()})
-
-
 # -- checkpoints ----------------------------------------------------------------------------------
 def _rng_states(d: Dist) -> dict[str, torch.Tensor]:
     """Every rank's CPU RNG state and, on a GPU, its CUDA RNG state (dropout draws from the device's generator)."""
@@ -271,12 +238,20 @@ def load_checkpoint(
 
 
 # -- logging --------------------------------------------------------------------------------------
+def _logged_step(line: str) -> dict | None:
+    """One metrics.jsonl line, or None for a blank one or the last line of a trainer killed while writing it."""
+    try:
+        return json.loads(line) if line.strip() else None
+    except json.JSONDecodeError:
+        return None
+
+
 def read_metrics(out_dir: Path) -> list[dict]:
     """The logged steps of a trainer's metrics.jsonl (what MetricsLog writes), in order; [] if there are none."""
     path = Path(out_dir) / METRICS
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [row for line in path.read_text().splitlines() if (row := _logged_step(line)) is not None]
 
 
 class MetricsLog:
@@ -295,7 +270,11 @@ class MetricsLog:
         self.path = Path(out_dir) / METRICS
         self.writer = None
         if self.enabled and self.path.exists():  # a resumed run rewrites the steps after its checkpoint
-            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= start_step]
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if (row := _logged_step(line)) is not None and row["step"] <= start_step
+            ]
             self.path.write_text("".join(line + "\n" for line in kept))
         if self.enabled:
             from torch.utils.tensorboard import SummaryWriter

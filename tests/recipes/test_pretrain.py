@@ -12,7 +12,7 @@ import socket
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_CORPUS, TINY_EMBED, TINY_RETRIEVER, TINY_SHAPE
+from conftest import TINY_CORPUS, TINY_EMBED, TINY_RETRIEVER, TINY_SHAPE, dead_pid
 
 from realm.config import IndexConfig, Preset, PretrainConfig
 from realm.data.sentences import date_spans, mask_sentence, merge_spans
@@ -244,6 +244,17 @@ def test_builder_and_bootstrap_index_get_identical_configs(tmp_path, tiny_corpus
         rebuilt.params,
         rebuilt.storage_dtype,
     )
+
+
+def test_the_builder_stops_when_its_trainer_is_gone_even_if_that_came_before_the_builder_started(tmp_path, tiny_corpus):
+    """The trainer names itself (--parent-pid): a builder still importing torch when the trainer was killed must
+    not take its new parent (init) for the trainer and run forever."""
+    save_snapshot(Retriever.load("random", TINY_PRESET.retriever), tmp_path / "snapshots", step=1)
+    config = BuilderConfig(TINY_EMBED, IndexConfig(), TINY_PRESET.retriever, refresh_every=1)
+    builds = refresh_loop(
+        tmp_path / "snapshots", tiny_corpus.folder, tmp_path / "index", config, poll_seconds=0.01, parent_pid=dead_pid()
+    )
+    assert builds == 0 and not (tmp_path / "index").exists()
 
 
 def test_data_order_is_a_function_of_position():

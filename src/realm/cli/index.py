@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from realm.cli.options import common, embedding_options, load_retriever, non_negative_int, positive_int, resolve_preset
@@ -51,7 +52,7 @@ def cmd_index_refresh(args: argparse.Namespace) -> int:
         config,
         poll_seconds=args.poll_seconds,
         max_builds=args.max_builds,
-        exit_with_parent=args.exit_with_parent,
+        parent_pid=os.getppid() if args.exit_with_parent else None,
     )
     print(f"index refresh: {builds} versions published to {args.out}")
     return 0

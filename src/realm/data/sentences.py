@@ -25,7 +25,7 @@ import pyarrow as pa
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from realm.common.io import write_atomic
+from realm.common.io import clean_partials, write_atomic
 from realm.data.blocks import BlockStore, sentence_starts
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,7 @@ def sentences_path(store: BlockStore) -> Path:
 def build_sentences(store: BlockStore, progress: bool = True) -> Path:
     """Tag the corpus once; the cache is keyed by the corpus fingerprint and the tagger."""
     path = sentences_path(store)
+    clean_partials(store.folder)  # a tagger killed mid-write left its temporary file
     key = {"corpus_fingerprint": store.fingerprint, "tagger": SPACY_MODEL, "date_pattern": DATE_PATTERN.pattern}
     if path.exists():
         with pa.memory_map(str(path)) as source:

@@ -115,7 +115,7 @@ def publish(
     `index` is the faiss index, or None for a flat version built without faiss."""
     versions_dir = index_dir / VERSIONS
     versions_dir.mkdir(parents=True, exist_ok=True)
-    for folder in (index_dir, versions_dir):  # what writers killed mid-publish left behind
+    for folder in (index_dir, versions_dir, index_dir / ADDED):  # what writers killed mid-write left behind
         for path in clean_partials(folder):
             log.info("removed %s, left by a writer that was killed", path)
     tmp = versions_dir / f".partial-{os.getpid()}-{time.monotonic_ns()}"

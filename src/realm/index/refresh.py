@@ -102,7 +102,8 @@ def start_builder(run_dir: Path, corpus: Path, config: BuilderConfig, threads: i
         str(run_dir / "index"),
         "--threads",
         str(threads),
-        "--exit-with-parent",
+        "--parent-pid",
+        str(os.getpid()),
     ]
     handle = open(run_dir / "builder.log", "a")
     return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)
@@ -176,16 +177,16 @@ def refresh_loop(
     config: BuilderConfig,
     poll_seconds: float = 2.0,
     max_builds: int | None = None,
-    exit_with_parent: bool = False,
+    parent_pid: int | None = None,
 ) -> int:
-    """Rebuild the index whenever a newer snapshot appears; stop when `watch/STOP` exists (or, with
-    `exit_with_parent`, when the trainer that started us is gone, even after a kill -9). Returns builds done."""
+    """Rebuild the index whenever a newer snapshot appears; stop when `watch/STOP` exists, or when process
+    `parent_pid` (the trainer that started us) is no longer our parent: it was killed, even by kill -9. The pid
+    is given, not read at start: the trainer may die while we still import torch. Returns builds done."""
     store = BlockStore(corpus)
     policy = RefreshPolicy(config.refresh_every)
     builds = 0
-    parent = os.getppid()
     while not (Path(watch) / STOP_FILE).exists() and (max_builds is None or builds < max_builds):
-        if exit_with_parent and os.getppid() != parent:
+        if parent_pid is not None and os.getppid() != parent_pid:
             log.info("the trainer exited; the index builder stops too")
             break
         snapshots = list_snapshots(watch)
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-seconds", type=float, default=2.0)
     parser.add_argument("--max-builds", type=int, help="exit after this many builds")
     parser.add_argument("--threads", type=int, help="torch threads (leave cores to a trainer on the same machine)")
-    parser.add_argument("--exit-with-parent", action="store_true", help="stop when the process that started it exits")
+    parser.add_argument("--parent-pid", type=int, help="stop when this process (the trainer that started us) is gone")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.threads:
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         BuilderConfig.load(Path(args.config)),
         args.poll_seconds,
         args.max_builds,
-        args.exit_with_parent,
+        args.parent_pid,
     )
     print(f"index refresh: {builds} versions published to {args.out}")
     return 0

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from realm.common.io import write_json_atomic
+from realm.config import RUN_CONFIG, record_run_config
 from realm.data.sources import VITAL_ARTICLES
-from realm.training import RUN_CONFIG, read_metrics, record_run_config
+from realm.training import read_metrics
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from realm.common.device import autocast, default_device, resolve_compute_dtype
 from realm.common.io import write_dir_atomic
-from realm.config import Preset
+from realm.config import Preset, record_run_config
 from realm.data.blocks import BlockStore
 from realm.data.qa_examples import QAExample, has_answer
 from realm.eval.answerer import Answerer
@@ -40,7 +40,6 @@ from realm.training import (
     linear_schedule,
     load_checkpoint,
     optimizer_step,
-    record_run_config,
     save_checkpoint,
     setup_distributed,
 )

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedTokenizerBase
 
 from realm.common.device import autocast, default_device, resolve_compute_dtype
-from realm.config import CorpusConfig, Preset
+from realm.config import CorpusConfig, Preset, record_run_config
 from realm.data.blocks import BlockStore, sentence_starts
 from realm.models.ict import ICTModel
 from realm.models.inputs import encode_blocks, pad_batch
@@ -33,7 +33,6 @@ from realm.training import (
     linear_schedule,
     load_checkpoint,
     optimizer_step,
-    record_run_config,
     save_checkpoint,
     setup_distributed,
 )

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from realm.common.device import autocast, default_device, resolve_compute_dtype
-from realm.config import Preset, PretrainConfig
+from realm.config import Preset, PretrainConfig, record_run_config
 from realm.data.blocks import BlockStore
 from realm.data.sentences import (
     SentenceSet,
@@ -53,7 +53,6 @@ from realm.training import (
     linear_schedule,
     load_checkpoint,
     optimizer_step,
-    record_run_config,
     save_checkpoint,
     setup_distributed,
 )
