@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import TYPE_CHECKING
 
 from realm.config import PRESETS, Preset, get_preset
+
+if TYPE_CHECKING:  # annotations only: importing them would load torch before --help
+    from realm.index.mips import MipsIndex
+    from realm.models.retriever import Retriever
 
 # section of the Preset -> {flag dest: field of that section}
 FLAG_FIELDS: dict[str, dict[str, str]] = {
@@ -120,7 +125,7 @@ def embedding_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard-size", type=positive_int, help="blocks per resumable shard")
 
 
-def load_retriever(spec: str, preset: Preset, index=None):
+def load_retriever(spec: str, preset: Preset, index: MipsIndex | None = None) -> Retriever:
     """The model `spec`, with the retriever settings of `index` (pooling, sizes) when one is given."""
     from realm.models.retriever import Retriever
 

@@ -91,6 +91,11 @@ def version_dir(index_dir: str | Path, version: int) -> Path:
     return Path(index_dir) / VERSIONS / version_name(version)
 
 
+def read_meta(index_dir: str | Path, version: int) -> IndexMeta:
+    """The metadata of one published version, without loading the version."""
+    return IndexMeta(**json.loads((version_dir(index_dir, version) / "meta.json").read_text()))
+
+
 def _versions(index_dir: Path) -> list[int]:
     folder = index_dir / VERSIONS
     if not folder.is_dir():
@@ -166,7 +171,7 @@ def build_index(
     index_dir = Path(index_dir)
     live = current_version(index_dir) if (index_dir / CURRENT).exists() else None
     if live is not None and not replace_model:
-        built_by = json.loads((version_dir(index_dir, live) / "meta.json").read_text())["doc_tower_fingerprint"]
+        built_by = read_meta(index_dir, live).doc_tower_fingerprint
         if built_by != doc_fingerprint:
             raise MipsIndexError(
                 f"{index_dir}: its live version v{live} was built by document tower {built_by}, this model's is "
@@ -234,7 +239,7 @@ class MipsIndex:
         self.folder = folder
         part = folder / "meta.json"  # named in the error: the file that could not be read
         try:
-            self.meta = IndexMeta(**json.loads(part.read_text()))
+            self.meta = read_meta(self.index_dir, version)
             part = folder / "block_ids.npy"
             self.block_ids = np.load(part)
             part = folder / ("index.faiss" if (folder / "index.faiss").exists() else "embeddings.npy")

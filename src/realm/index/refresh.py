@@ -26,7 +26,7 @@ from realm.common.io import write_json_atomic
 from realm.config import EmbedConfig, IndexConfig, RetrieverConfig
 from realm.data.blocks import BlockStore
 from realm.index.embed import BlockEmbedder
-from realm.index.mips import IndexMeta, build_index, current_version, version_dir
+from realm.index.mips import IndexMeta, build_index, current_version, read_meta
 from realm.models.retriever import Retriever
 
 log = logging.getLogger(__name__)
@@ -136,8 +136,7 @@ def index_source_step(index_dir: Path) -> int | None:
     version = current_version(index_dir)
     if version is None:
         return None
-    meta = json.loads((version_dir(index_dir, version) / "meta.json").read_text())
-    return meta.get("checkpoint_step")
+    return read_meta(index_dir, version).checkpoint_step
 
 
 def build_from_retriever(

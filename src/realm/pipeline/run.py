@@ -186,14 +186,12 @@ class Pipeline:
     def evaluate(self, preset: Preset, qa: StageRecord, zero_shot: dict[str, tuple[StageRecord, Path]]) -> StageRecord:
         """EM and recall of the fine-tuned model (dense), of BM25 with the same reader, and zero-shot recall
         of each retriever before fine-tuning (`zero_shot`: row label -> (its index stage, the retriever))."""
-        from realm.pipeline.work import evaluate_systems
-
         retrievers = {
             label: (self.run_dir / stage.name / "index", folder) for label, (stage, folder) in zero_shot.items()
         }
 
         def work(folder: Path, resume: bool) -> dict:
-            return evaluate_systems(
+            return stage_work.evaluate_systems(
                 self.run_dir / qa.name / "best",
                 self.run_dir / "realm_index" / "index",
                 retrievers,
@@ -208,13 +206,14 @@ class Pipeline:
 
     def examples(self, preset: Preset, realm: StageRecord) -> StageRecord:
         """The paper's Table 3 in miniature, and masked-span accuracy with and without retrieval (held out)."""
-        from realm.pipeline.work import ACCURACY_LIMIT, EXAMPLE_POOL, pretraining_examples
 
         def work(folder: Path, resume: bool) -> dict:
-            return pretraining_examples(self.run_dir / "corpus", self.run_dir / realm.name, preset)
+            return stage_work.pretraining_examples(self.run_dir / "corpus", self.run_dir / realm.name, preset)
 
         return self.stages.run(
-            "examples", {"after": [realm.fingerprint], "pool": EXAMPLE_POOL, "limit": ACCURACY_LIMIT}, work
+            "examples",
+            {"after": [realm.fingerprint], "pool": stage_work.EXAMPLE_POOL, "limit": stage_work.ACCURACY_LIMIT},
+            work,
         )
 
     # -- the run --------------------------------------------------------------------------------------
