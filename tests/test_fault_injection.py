@@ -193,6 +193,7 @@ def test_a_killed_trainer_resumes_to_the_losses_of_an_uninterrupted_run(inputs, 
         for a, b in zip(resumed, reference, strict=True):
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
         assert leftovers(out) == [] and leftovers(corpus) == []
+        shutil.rmtree(out)  # its checkpoints (weights and optimizer state) take a gigabyte or more
     assert killed, "no trainer was still running at its kill moment"
 
 
