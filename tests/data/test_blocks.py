@@ -196,6 +196,21 @@ def test_a_build_killed_before_its_first_commit_does_not_block_the_rerun(tmp_pat
     assert not (out / f"blocks.arrow.partial-{dead}").exists()
 
 
+def test_a_build_killed_between_its_blocks_file_and_its_commit_does_not_block_the_rerun(tmp_path, docs_file, tokenizer):
+    """kill -9 after the blocks file got its final name but before meta.json: the folder holds one uncommitted
+    blocks file (the CI failure of 2026-11-22); the re-run takes it over and leaves exactly one corpus."""
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / "blocks-0123abcd.arrow").write_bytes(b"an uncommitted blocks file")
+    meta = build_corpus([str(docs_file)], out, tokenizer, TINY_CORPUS, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == sorted([META, f"blocks-{meta.fingerprint}.arrow"])
+    assert BlockStore(out).fingerprint == meta.fingerprint
+    # beside a committed corpus, a stray blocks file from a killed rebuild goes on the next build too
+    (out / "blocks-4567ef.arrow").write_bytes(b"left by a killed rebuild")
+    build_corpus([str(docs_file)], out, tokenizer, TINY_CORPUS, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == sorted([META, f"blocks-{meta.fingerprint}.arrow"])
+
+
 def test_corpus_out_must_be_a_folder(tmp_path, docs_file, tokenizer):
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(FileExistsError, match="is a file"):

@@ -34,6 +34,7 @@ from realm.data.sources import BadRecords, CorpusError, Document, read_all
 
 FORMAT_VERSION = 1
 META = "meta.json"
+BLOCKS_FILE = re.compile(r"blocks-[0-9a-f]+\.arrow")
 SCHEMA = pa.schema(
     [
         ("block_id", pa.int64()),
@@ -223,9 +224,11 @@ def build_corpus(
     out_dir = Path(out_dir)
     if out_dir.is_file():
         raise FileExistsError(f"{out_dir} is a file; --out must name a folder for the corpus")
-    clean_partials(out_dir)  # a build killed before its first commit leaves only these: the re-run starts over
-    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / META).exists():
-        raise FileExistsError(f"{out_dir} exists and is not a corpus folder; refusing to write into it")
+    clean_partials(out_dir)  # a build killed mid-write leaves these: the re-run starts over
+    # A build killed between its blocks file and its meta.json leaves an uncommitted blocks file: still ours.
+    if out_dir.exists() and not (out_dir / META).exists():
+        if any(not BLOCKS_FILE.fullmatch(entry.name) for entry in out_dir.iterdir()):
+            raise FileExistsError(f"{out_dir} exists and is not a corpus folder; refusing to write into it")
     out_dir.mkdir(parents=True, exist_ok=True)
     splitter = BlockSplitter(tokenizer, config)
     bad = BadRecords()
@@ -252,7 +255,6 @@ def build_corpus(
     finally:
         partial.unlink(missing_ok=True)
 
-    old = _read_meta(out_dir) if (out_dir / META).exists() else None
     meta = CorpusMeta(
         format_version=FORMAT_VERSION,
         fingerprint=digest,
@@ -267,8 +269,9 @@ def build_corpus(
         build_seconds=round(time.monotonic() - started, 1),
     )
     write_json_atomic(out_dir / META, asdict(meta))  # the commit point
-    if old is not None and old.blocks_file != blocks_file:
-        (out_dir / old.blocks_file).unlink(missing_ok=True)
+    for entry in out_dir.iterdir():  # the replaced corpus, and any a killed build left uncommitted
+        if BLOCKS_FILE.fullmatch(entry.name) and entry.name != blocks_file:
+            entry.unlink(missing_ok=True)
     return meta
 
 
