@@ -19,6 +19,7 @@ from realm.common.io import write_dir_atomic
 from realm.common.tokenization import load_tokenizer, minilm_dir
 from realm.config import MINILM, EncoderShape
 from realm.models.bert import load_masked_lm, random_masked_lm
+from realm.models.encoder import encode
 
 READER_SEED = 20200211
 
@@ -58,8 +59,6 @@ class Reader(nn.Module):
         mask_positions: torch.Tensor,
     ) -> torch.Tensor:
         """(N, L) inputs, (N, M) positions -> (N, M, V) log p(token | z, x) at the masked positions only."""
-        hidden = self.mlm.bert(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).last_hidden_state  # (N, L, H)
+        hidden = encode(self.mlm.bert, input_ids, attention_mask, token_type_ids)  # (N, L, H)
         at_masks = torch.gather(hidden, 1, mask_positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1)))  # (N, M, H)
         return torch.log_softmax(self.mlm.cls(at_masks).float(), dim=-1)  # (N, M, V)

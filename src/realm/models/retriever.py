@@ -38,6 +38,7 @@ from realm.common.io import write_dir_atomic
 from realm.common.tokenization import load_tokenizer, minilm_dir
 from realm.config import MINILM, RetrieverConfig
 from realm.models.bert import load_bert, random_bert
+from realm.models.encoder import encode
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_META = "realm.json"
@@ -72,9 +73,7 @@ class Tower(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
     ) -> torch.Tensor:
-        hidden = self.bert(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).last_hidden_state
+        hidden = encode(self.bert, input_ids, attention_mask, token_type_ids)  # (B, L, H)
         pooled = pool(hidden, attention_mask, self.pooling)  # (B, H)
         return self.layer_norm(self.projection(self.dropout(pooled)))  # (B, D)
 

@@ -24,6 +24,7 @@ from realm.common.tokenization import load_tokenizer, minilm_dir
 from realm.config import MINILM
 from realm.data.qa_examples import QAExample, has_answer, is_exact_match
 from realm.models.bert import load_bert
+from realm.models.encoder import encode
 from realm.models.inputs import pad_batch
 
 SPAN_HEAD_FILE = "span_head.safetensors"
@@ -100,9 +101,7 @@ class SpanReader(nn.Module):
         ends: torch.Tensor,
     ) -> torch.Tensor:
         """(N, L) inputs and (N, S) span boundaries -> (N, S) span scores."""
-        hidden = self.bert(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).last_hidden_state  # (N, L, H)
+        hidden = encode(self.bert, input_ids, attention_mask, token_type_ids)  # (N, L, H)
         return self.span_head(hidden, starts, ends).float()
 
 
