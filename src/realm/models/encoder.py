@@ -60,13 +60,12 @@ def encode(
     heads, hidden_size = config.num_attention_heads, config.hidden_size
     real = attention_mask.bool()  # (N, L)
     at = real.flatten().nonzero().squeeze(1)  # (T,) flat positions of the real tokens
-    positions = torch.arange(length, device=input_ids.device).expand(n, length)
 
     emb = bert.embeddings
     x = (
         emb.word_embeddings(input_ids.flatten()[at])
         + emb.token_type_embeddings(token_type_ids.flatten()[at])
-        + emb.position_embeddings(positions.flatten()[at])
+        + emb.position_embeddings(at % length)  # a token's position in its row
     )  # (T, H)
     x = dropout(emb.LayerNorm(x), config.hidden_dropout_prob, training)
     key_mask = real[:, None, None, :]  # (N, 1, 1, L)
