@@ -38,7 +38,24 @@ def ragged_batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch
     return ids * mask, mask, types
 
 
-def test_packed_forward_equals_bert_forward_on_every_real_token():
+@pytest.fixture(params=["one bucket", "a bucket per length"])
+def bucketing(request, monkeypatch):
+    """The default cost keeps these short rows in one attention bucket; no overhead splits them by length."""
+    if request.param == "a bucket per length":
+        monkeypatch.setattr(encoder, "BUCKET_OVERHEAD", 0)
+    return request.param
+
+
+def test_length_buckets_pay_padding_only_where_it_is_cheaper_than_a_bucket(monkeypatch):
+    monkeypatch.setattr(encoder, "BUCKET_OVERHEAD", 100)
+    assert encoder.length_buckets([10, 10, 10]) == [[0, 1, 2]]
+    assert encoder.length_buckets([9, 10, 8, 10]) == [[2, 0, 1, 3]]  # 2 * (100 - 81) < 100: one bucket
+    assert encoder.length_buckets([30, 2, 3, 31]) == [[1, 2], [0, 3]]  # 2 * (961 - 9) > 100: split
+    monkeypatch.setattr(encoder, "BUCKET_OVERHEAD", 0)
+    assert encoder.length_buckets([5, 1, 5, 2]) == [[1], [3], [0, 2]]
+
+
+def test_packed_forward_equals_bert_forward_on_every_real_token(bucketing):
     bert = random_bert(TINY_SHAPE, 30522, seed=1).eval()
     ids, mask, types = ragged_batch([17, 3, 9, 17, 1])
     with torch.no_grad():
@@ -57,7 +74,7 @@ def test_packed_forward_equals_bert_forward_on_every_real_token():
         torch.testing.assert_close(param.grad, grad, rtol=1e-4, atol=1e-4)
 
 
-def test_packing_changes_no_example():
+def test_packing_changes_no_example(bucketing):
     """An example's hidden states do not depend on the other rows of its batch (their count or lengths)."""
     bert = random_bert(TINY_SHAPE, 30522, seed=2).eval()
     ids, mask, types = ragged_batch([11, 30, 2, 25])

@@ -127,7 +127,9 @@ class Answerer:
         device = next(self.model.parameters()).device
         batch = batch.to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16):
-            scores = self.model.reader(**batch.inputs, starts=batch.starts, ends=batch.ends)  # (N, S)
+            scores = self.model.reader(
+                **batch.inputs, starts=batch.starts, ends=batch.ends, span_valid=batch.span_valid
+            )  # (N, S)
         return span_log_probs(scores, batch.span_valid).cpu()
 
     def _log_pz(self, hits: Sequence[SearchHit]) -> torch.Tensor:

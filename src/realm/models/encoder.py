@@ -1,8 +1,10 @@
 """BERT's forward pass over packed tokens: every tower and reader runs its Hugging Face BertModel through here.
 
 A batch of (N, L) padded rows holds T < N * L real tokens (a QA reader batch: about two thirds). Everything
-but attention works token by token, so it runs on the (T, H) matrix of real tokens only; attention alone
-goes back to the padded (N, heads, L, d) layout. Per layer, on the packed tokens:
+but attention works token by token, so it runs on the (T, H) matrix of real tokens only. Attention alone goes
+back to a padded (n, heads, l, d) layout, in buckets of rows of similar length, each padded only to its own
+longest row: attention costs n * l^2 per bucket, so one bucket padded to the batch's longest row would spend
+most of it on padding. Per layer, on the packed tokens:
 
     q, k, v = x W_qkv + b_qkv                                    # (T, 3H), one matmul
     a       = softmax(q k^T / sqrt(d) + mask) v                  # per row, padded keys masked
@@ -16,6 +18,8 @@ MiniLM layer; the drop rate is p rounded to a multiple of 1/65536.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +55,56 @@ def _attention(
         return dropout(probs, p, True) @ v
 
 
+BUCKET_OVERHEAD = 128 * 128  # a bucket's fixed cost (index ops, kernel launches) in units of one row * l^2
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Rows of similar length attended together: their packed tokens and where those sit in (rows * length)."""
+
+    src: torch.Tensor  # (T_b,) indices into the packed tokens
+    dst: torch.Tensor  # (T_b,) flat positions in the bucket's padded (rows * length) layout
+    key_mask: torch.Tensor  # (rows, 1, 1, length) bool, True at real tokens
+    rows: int
+    length: int
+
+
+def length_buckets(spans: list[int]) -> list[list[int]]:
+    """Rows grouped so that sum over buckets of rows * longest^2 + BUCKET_OVERHEAD is least (a row's span: its
+    last real position + 1). Exact by dynamic programming over the rows sorted by span, O(N^2) in Python."""
+    order = sorted(range(len(spans)), key=lambda r: spans[r])
+    cost, cut = [0] + [0] * len(order), [0] * (len(order) + 1)
+    for i in range(1, len(order) + 1):
+        longest = spans[order[i - 1]] ** 2
+        cost[i], cut[i] = min((cost[j] + (i - j) * longest + BUCKET_OVERHEAD, j) for j in range(i))
+    groups, i = [], len(order)
+    while i:
+        groups.append(order[cut[i] : i])
+        i = cut[i]
+    return groups[::-1]
+
+
+def buckets(real: torch.Tensor, at: torch.Tensor) -> list[Bucket]:
+    """real (N, L) bool; at (T,) flat positions of the real tokens -> the attention buckets of the batch."""
+    n, length = real.shape
+    spans = torch.where(real, torch.arange(1, length + 1, device=real.device), 0).amax(1)  # (N,)
+    rows, positions = at // length, at % length  # (T,)
+    groups = length_buckets(spans.tolist())
+    if len(groups) == 1:
+        return [Bucket(torch.arange(len(at), device=at.device), at, real[:, None, None, :], n, length)]
+    result = []
+    for group in groups:
+        members = torch.tensor(group, device=real.device)
+        longest = int(spans[members].max())
+        slot = torch.full((n,), -1, dtype=torch.long, device=real.device)
+        slot[members] = torch.arange(len(group), device=real.device)
+        src = (slot[rows] >= 0).nonzero().squeeze(1)
+        dst = slot[rows[src]] * longest + positions[src]
+        key_mask = real[members, :longest][:, None, None, :]
+        result.append(Bucket(src, dst, key_mask, len(group), longest))
+    return result
+
+
 def encode(
     bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
 ) -> torch.Tensor:
@@ -60,6 +114,8 @@ def encode(
     heads, hidden_size = config.num_attention_heads, config.hidden_size
     real = attention_mask.bool()  # (N, L)
     at = real.flatten().nonzero().squeeze(1)  # (T,) flat positions of the real tokens
+    groups = buckets(real, at)
+    unsort = torch.cat([b.src for b in groups]).argsort() if len(groups) > 1 else None  # bucket order -> packed
 
     emb = bert.embeddings
     x = (
@@ -68,17 +124,19 @@ def encode(
         + emb.position_embeddings(at % length)  # a token's position in its row
     )  # (T, H)
     x = dropout(emb.LayerNorm(x), config.hidden_dropout_prob, training)
-    key_mask = real[:, None, None, :]  # (N, 1, 1, L)
     act = ACT2FN[config.hidden_act]
     for layer in bert.encoder.layer:
         attn = layer.attention.self
         w_qkv = torch.cat([attn.query.weight, attn.key.weight, attn.value.weight])  # (3H, H)
         b_qkv = torch.cat([attn.query.bias, attn.key.bias, attn.value.bias])
         qkv = F.linear(x, w_qkv, b_qkv)  # (T, 3H)
-        padded = qkv.new_zeros(n * length, 3 * hidden_size).index_copy(0, at, qkv)  # (N*L, 3H)
-        q, k, v = padded.view(n, length, 3, heads, -1).permute(2, 0, 3, 1, 4)  # each (N, heads, L, d)
-        a = _attention(q, k, v, key_mask, config.attention_probs_dropout_prob, training)  # (N, heads, L, d)
-        a = a.transpose(1, 2).reshape(n * length, hidden_size)[at]  # (T, H)
+        parts = []
+        for b in groups:
+            padded = qkv.new_zeros(b.rows * b.length, 3 * hidden_size).index_copy(0, b.dst, qkv[b.src])
+            q, k, v = padded.view(b.rows, b.length, 3, heads, -1).permute(2, 0, 3, 1, 4)  # each (n, heads, l, d)
+            a = _attention(q, k, v, b.key_mask, config.attention_probs_dropout_prob, training)  # (n, heads, l, d)
+            parts.append(a.transpose(1, 2).reshape(b.rows * b.length, hidden_size)[b.dst])  # (T_b, H)
+        a = parts[0] if unsort is None else torch.cat(parts)[unsort]  # (T, H)
         out = layer.attention.output
         x = out.LayerNorm(x + dropout(out.dense(a), config.hidden_dropout_prob, training))
         ffn = layer.output

@@ -134,7 +134,12 @@ class QAModel(nn.Module):
     def forward(self, batch: QABatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         q = self.retriever.query_tower(**batch.query)  # (B, D)
         f_beam = torch.einsum("bd,brd->br", q.float(), batch.beam_vectors)  # (B, R) f(x, z), doc side frozen
-        scores = self.reader(**batch.reader.inputs, starts=batch.reader.starts, ends=batch.reader.ends)  # (B*K, S)
+        scores = self.reader(
+            **batch.reader.inputs,
+            starts=batch.reader.starts,
+            ends=batch.reader.ends,
+            span_valid=batch.reader.span_valid,
+        )  # (B*K, S)
         log_ps = span_log_probs(scores, batch.reader.span_valid)
         batch_size = len(q)
         return qa_loss(

@@ -35,6 +35,8 @@ READER_META = "reader.json"
 
 READER_SEED = 20200807
 
+MASKED = -1e4  # a finite "log 0": rows with nothing valid must not turn gradients into NaN
+
 
 class SpanHead(nn.Module):
     """S(s) = w · LayerNorm(ReLU(W_start h_start + W_end h_end)), as in the released ORQA/REALM code."""
@@ -46,11 +48,18 @@ class SpanHead(nn.Module):
         self.norm = nn.LayerNorm(span_hidden)
         self.score = nn.Linear(span_hidden, 1)
 
-    def forward(self, hidden: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-        """hidden (N, L, H); starts, ends (N, S) token positions -> span scores (N, S)."""
-        gather = lambda x, at: torch.gather(x, 1, at.unsqueeze(-1).expand(-1, -1, x.size(-1)))  # noqa: E731
-        h = torch.relu(gather(self.start(hidden), starts) + gather(self.end(hidden), ends))  # (N, S, span_hidden)
-        return self.score(self.norm(h)).squeeze(-1)
+    def forward(
+        self, hidden: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """hidden (N, L, H); starts, ends (N, S) token positions; valid (N, S) bool -> span scores (N, S), MASKED
+        where not valid. Only the valid spans are scored (a padded span row is about half padding)."""
+        n, length, _ = hidden.shape
+        pick = valid.flatten().nonzero().squeeze(1)  # (V,)
+        rows = (torch.arange(n, device=hidden.device)[:, None] * length).expand_as(starts).flatten()[pick]  # (V,)
+        h_start = self.start(hidden).flatten(0, 1)[rows + starts.flatten()[pick]]  # (V, span_hidden)
+        h_end = self.end(hidden).flatten(0, 1)[rows + ends.flatten()[pick]]
+        scores = self.score(self.norm(torch.relu(h_start + h_end))).squeeze(-1).float()  # (V,)
+        return scores.new_full((starts.numel(),), MASKED).index_copy(0, pick, scores).view(starts.shape)
 
 
 class SpanReader(nn.Module):
@@ -99,10 +108,11 @@ class SpanReader(nn.Module):
         token_type_ids: torch.Tensor,
         starts: torch.Tensor,
         ends: torch.Tensor,
+        span_valid: torch.Tensor,
     ) -> torch.Tensor:
-        """(N, L) inputs and (N, S) span boundaries -> (N, S) span scores."""
+        """(N, L) inputs and (N, S) span boundaries -> (N, S) span scores (MASKED at padding spans)."""
         hidden = encode(self.bert, input_ids, attention_mask, token_type_ids)  # (N, L, H)
-        return self.span_head(hidden, starts, ends).float()
+        return self.span_head(hidden, starts, ends, span_valid)
 
 
 @dataclass(frozen=True)
@@ -178,9 +188,6 @@ def reader_batch(
             ends[n, : len(spans)] = torch.tensor([e for _, e in spans])
             valid[n, : len(spans)] = True
     return ReaderBatch(pad_batch(ids, types, tokenizer.pad_token_id), starts, ends, valid)
-
-
-MASKED = -1e4  # a finite "log 0": rows with nothing valid must not turn gradients into NaN
 
 
 def span_log_probs(span_scores: torch.Tensor, span_valid: torch.Tensor) -> torch.Tensor:
