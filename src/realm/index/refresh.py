@@ -84,7 +84,9 @@ class BuilderConfig:
         )
 
 
-def start_builder(run_dir: Path, corpus: Path, config: BuilderConfig, threads: int = 1) -> subprocess.Popen:
+def start_builder(
+    run_dir: Path, corpus: Path, config: BuilderConfig, threads: int = 1, nice: int = 0
+) -> subprocess.Popen:
     """The builder as its own process, following `run_dir/snapshots` into `run_dir/index` with `config`
     (saved as run_dir/builder.json); it logs to run_dir/builder.log and exits with the process that started it."""
     config.save(run_dir / "builder.json")
@@ -104,6 +106,8 @@ def start_builder(run_dir: Path, corpus: Path, config: BuilderConfig, threads: i
         str(threads),
         "--parent-pid",
         str(os.getpid()),
+        "--nice",
+        str(nice),
     ]
     handle = open(run_dir / "builder.log", "a")
     return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)
@@ -233,10 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-builds", type=int, help="exit after this many builds")
     parser.add_argument("--threads", type=int, help="torch threads (leave cores to a trainer on the same machine)")
     parser.add_argument("--parent-pid", type=int, help="stop when this process (the trainer that started us) is gone")
+    parser.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by N (0-19)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
+    os.nice(args.nice)
     builds = refresh_loop(
         Path(args.watch),
         Path(args.corpus),

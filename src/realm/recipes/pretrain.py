@@ -189,7 +189,11 @@ def train_pretrain(
     if d.world_size > 1:
         dist.barrier()
     (out / "snapshots" / STOP_FILE).unlink(missing_ok=True)  # left by an earlier run's clean exit
-    builder = start_builder(out, Path(corpus), builder_config) if d.main and not policy.frozen else None
+    builder = (
+        start_builder(out, Path(corpus), builder_config, nice=cfg.builder_nice)
+        if d.main and not policy.frozen
+        else None
+    )
     index = MipsIndex(index_dir) if retrieval else None
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
     metrics_log = MetricsLog(out, cfg.steps, step, d, "REALM", progress)

@@ -1,9 +1,10 @@
 """`realm serve`: an HTTP service and a web page that answer questions with the evidence behind them.
 
-The model is loaded once. Every request first checks the index folder's CURRENT version (a tiny file read);
-when another process published a new one (`realm index add|remove`, a rebuild), the searcher is rebuilt
-over it and the model is kept. One lock serialises the swap and the inference: torch inference on one
-model is not safe to interleave, and FastAPI runs these sync endpoints in a thread pool.
+The model is loaded once. Concurrent `/ask` requests (FastAPI runs sync endpoints in a thread pool) are
+micro-batched: what arrives within `batch_wait_ms` of the first, up to `batch_size`, is searched and read as
+one batch by a single worker thread, so inference is never interleaved. Every batch first checks the index
+folder's CURRENT version (a tiny file read); when another process published a new one (`realm index
+add|remove`, a rebuild), the searcher is rebuilt over it and the model is kept.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -22,10 +24,11 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
-from realm.config import Preset
+from realm.config import SERVE_BATCH_SIZE, SERVE_BATCH_WAIT_MS, Preset
 from realm.eval.answerer import Answerer, load_answerer, open_searcher
 from realm.index.mips import MipsIndex, MipsIndexError, current_version
 from realm.index.search import Searcher
+from realm.serve.batching import MicroBatcher
 from realm.serve.bounds import BoundedRequests, ServiceLimits
 
 log = logging.getLogger(__name__)
@@ -61,7 +64,8 @@ class Knowledge:
 
 
 class QAService:
-    """An Answerer whose searcher follows the index folder's CURRENT version; one inference at a time."""
+    """An Answerer whose searcher follows the index folder's CURRENT version; concurrent questions are
+    answered in micro-batches, one batch at a time (`batch_size=1`: one question at a time)."""
 
     def __init__(
         self,
@@ -71,6 +75,8 @@ class QAService:
         model_spec: str,
         retriever: str,
         corpus: str | Path | None = None,
+        batch_size: int = SERVE_BATCH_SIZE,
+        batch_wait_ms: int = SERVE_BATCH_WAIT_MS,
     ):
         self.answerer = answerer  # the model and reader; the live searcher is `self.knowledge.searcher`
         self.index_dir = Path(index_dir)
@@ -81,6 +87,7 @@ class QAService:
         self._unservable: int | None = None  # a published version that failed to load: not retried
         self._unservable_reason = ""
         self._lock = threading.RLock()
+        self.batcher = MicroBatcher(self._answer_batch, batch_size, batch_wait_ms / 1000)
 
     @classmethod
     def load(
@@ -91,13 +98,15 @@ class QAService:
         retriever: str = "dense",
         k: int | None = None,
         corpus: str | Path | None = None,
+        batch_size: int = SERVE_BATCH_SIZE,
+        batch_wait_ms: int = SERVE_BATCH_WAIT_MS,
     ) -> QAService:
         """The version is read before loading: if a newer one lands meanwhile, the first request swaps to it."""
         version = current_version(Path(index_dir))
         if version is None:
             raise MipsIndexError(f"{index_dir}: no published index (no CURRENT); build one with `realm index build`")
         answerer = load_answerer(model_spec, index_dir, preset, retriever, k, corpus, version)
-        return cls(answerer, index_dir, version, model_spec, retriever, corpus)
+        return cls(answerer, index_dir, version, model_spec, retriever, corpus, batch_size, batch_wait_ms)
 
     def refresh(self) -> None:
         """Swap to the published version if it changed. One that cannot be served (unreadable, pruned meanwhile,
@@ -127,12 +136,19 @@ class QAService:
 
     def ask(self, question: str, k: int | None = None) -> dict:
         """The answer with its evidence, from the latest servable index version (named in the reply)."""
+        return self.batcher.submit((question, k or self.answerer.k))
+
+    def _answer_batch(self, requests: Sequence[tuple[str, int]]) -> list[dict]:
+        """One search for the batch at its largest k (a smaller k takes the first hits: they are sorted), one
+        read of every (question, block) pair."""
         with self._lock:
             self.refresh()
-            hits = self.knowledge.searcher.batch_search([question], k or self.answerer.k)
-            answer = self.answerer.read([question], hits)[0]
-            warning = {"warning": self.answerer.warning} if self.answerer.warning else {}
-            return {**answer.to_dict(), "index_version": self.knowledge.version, **warning}
+            questions = [question for question, _ in requests]
+            hits = self.knowledge.searcher.batch_search(questions, max(k for _, k in requests))
+            answers = self.answerer.read(questions, [row[:k] for row, (_, k) in zip(hits, requests)])
+            version = self.knowledge.version
+        warning = {"warning": self.answerer.warning} if self.answerer.warning else {}
+        return [{**answer.to_dict(), "index_version": version, **warning} for answer in answers]
 
     def health(self) -> dict:
         """Lock-free, so that it answers while a question is being read. `latest_version` is the folder's
@@ -156,6 +172,7 @@ class QAService:
             "model": self.model_spec,
             "retriever": self.retriever,
             "k": self.answerer.k,
+            "batch_size": self.batcher.max_batch,
         }
 
 
