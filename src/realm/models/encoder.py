@@ -55,7 +55,15 @@ def _attention(
         return dropout(probs, p, True) @ v
 
 
+ROW_QUANTUM = 64  # matmul row counts are padded to a multiple of this (see pad_rows)
 BUCKET_OVERHEAD = 128 * 128  # a bucket's fixed cost (index ops, kernel launches) in units of one row * l^2
+
+
+def pad_rows(x: torch.Tensor) -> torch.Tensor:
+    """(M, ...) -> (M rounded up to ROW_QUANTUM, ...), zeros below. oneDNN keeps a compiled bf16 matmul for
+    every distinct shape and never frees it (~0.6 MB each): a server whose batches all differ in token count
+    grew by 100 MB a minute. Rounded row counts keep the shapes, and the memory, bounded."""
+    return F.pad(x, (0, 0) * (x.dim() - 1) + (0, -len(x) % ROW_QUANTUM))
 
 
 @dataclass(frozen=True)
@@ -123,23 +131,24 @@ def encode(
         + emb.token_type_embeddings(token_type_ids.flatten()[at])
         + emb.position_embeddings(at % length)  # a token's position in its row
     )  # (T, H)
+    x = pad_rows(x)  # (T', H): the rows past T are padding, never attended to and never read
     x = dropout(emb.LayerNorm(x), config.hidden_dropout_prob, training)
     act = ACT2FN[config.hidden_act]
     for layer in bert.encoder.layer:
         attn = layer.attention.self
         w_qkv = torch.cat([attn.query.weight, attn.key.weight, attn.value.weight])  # (3H, H)
         b_qkv = torch.cat([attn.query.bias, attn.key.bias, attn.value.bias])
-        qkv = F.linear(x, w_qkv, b_qkv)  # (T, 3H)
+        qkv = F.linear(x, w_qkv, b_qkv)  # (T', 3H)
         parts = []
         for b in groups:
             padded = qkv.new_zeros(b.rows * b.length, 3 * hidden_size).index_copy(0, b.dst, qkv[b.src])
             q, k, v = padded.view(b.rows, b.length, 3, heads, -1).permute(2, 0, 3, 1, 4)  # each (n, heads, l, d)
             a = _attention(q, k, v, b.key_mask, config.attention_probs_dropout_prob, training)  # (n, heads, l, d)
             parts.append(a.transpose(1, 2).reshape(b.rows * b.length, hidden_size)[b.dst])  # (T_b, H)
-        a = parts[0] if unsort is None else torch.cat(parts)[unsort]  # (T, H)
+        a = pad_rows(parts[0] if unsort is None else torch.cat(parts)[unsort])  # (T', H)
         out = layer.attention.output
         x = out.LayerNorm(x + dropout(out.dense(a), config.hidden_dropout_prob, training))
         ffn = layer.output
-        h = ffn.dense(act(layer.intermediate.dense(x)))  # (T, H)
+        h = ffn.dense(act(layer.intermediate.dense(x)))  # (T', H)
         x = ffn.LayerNorm(x + dropout(h, config.hidden_dropout_prob, training))
-    return x.new_zeros(n * length, hidden_size).index_copy(0, at, x).view(n, length, hidden_size)
+    return x.new_zeros(n * length, hidden_size).index_copy(0, at, x[: len(at)]).view(n, length, hidden_size)

@@ -24,7 +24,7 @@ from realm.common.tokenization import load_tokenizer, minilm_dir
 from realm.config import MINILM
 from realm.data.qa_examples import QAExample, has_answer, is_exact_match
 from realm.models.bert import load_bert
-from realm.models.encoder import encode
+from realm.models.encoder import encode, pad_rows
 from realm.models.inputs import pad_batch
 
 SPAN_HEAD_FILE = "span_head.safetensors"
@@ -56,9 +56,10 @@ class SpanHead(nn.Module):
         n, length, _ = hidden.shape
         pick = valid.flatten().nonzero().squeeze(1)  # (V,)
         rows = (torch.arange(n, device=hidden.device)[:, None] * length).expand_as(starts).flatten()[pick]  # (V,)
-        h_start = self.start(hidden).flatten(0, 1)[rows + starts.flatten()[pick]]  # (V, span_hidden)
-        h_end = self.end(hidden).flatten(0, 1)[rows + ends.flatten()[pick]]
-        scores = self.score(self.norm(torch.relu(h_start + h_end))).squeeze(-1).float()  # (V,)
+        hidden = pad_rows(hidden.flatten(0, 1))  # (N * L rounded up, H)
+        h_start = self.start(hidden)[rows + starts.flatten()[pick]]  # (V, span_hidden)
+        h_end = self.end(hidden)[rows + ends.flatten()[pick]]
+        scores = self.score(pad_rows(self.norm(torch.relu(h_start + h_end))))[: len(pick), 0].float()  # (V,)
         return scores.new_full((starts.numel(),), MASKED).index_copy(0, pick, scores).view(starts.shape)
 
 
