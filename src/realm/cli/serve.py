@@ -13,19 +13,6 @@ API_KEY_VARIABLE = "REALM_API_KEY"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def keep_large_buffers_out_of_the_heap(threshold: int = 128 * 1024) -> None:
-    """glibc raises its mmap threshold each time a large buffer is freed, so the activations of later batches
-    come from the heap, which fragments and never shrinks when every batch has another size: measured, the
-    service's RSS kept growing. A fixed threshold returns such buffers to the system when freed."""
-    import ctypes
-    import ctypes.util
-
-    m_mmap_threshold = -3  # mallopt's parameter number in <malloc.h>
-    name = ctypes.util.find_library("c")
-    if sys.platform.startswith("linux") and name:
-        ctypes.CDLL(name).mallopt(m_mmap_threshold, threshold)
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     """The model loads once; the service follows the index folder's published version."""
     import uvicorn
@@ -44,7 +31,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"realm: warning: serving on {args.host}: other machines can reach this service; {protected}",
             file=sys.stderr,
         )
-    keep_large_buffers_out_of_the_heap()
     service = QAService.load(
         args.model,
         args.index,
