@@ -59,7 +59,7 @@ def main() -> None:
                 checkpoint_every=10**9,
                 retriever_frozen_steps=0,
             )  # snapshot from the start
-            out = Path(tmp) / str(every)
+            out = Path(tmp) / f"every{every}-nice{nice}"
             train_pretrain(
                 Path(args.corpus),
                 out,
