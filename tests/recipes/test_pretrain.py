@@ -201,7 +201,7 @@ def test_builder_and_bootstrap_index_get_identical_configs(tmp_path, tiny_corpus
 
     started = {}
 
-    def fake_start(run_dir, corpus, config):
+    def fake_start(run_dir, corpus, config, nice=0):
         started["config"] = config
         return subprocess.Popen([sys.executable, "-c", "pass"])
 
@@ -352,7 +352,7 @@ def test_training_survives_a_dead_builder(tmp_path, tiny_corpus, monkeypatch):
     import realm.recipes.pretrain as recipe
 
     monkeypatch.setattr(
-        recipe, "start_builder", lambda *a: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+        recipe, "start_builder", lambda *a, **kw: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     )
     preset = dataclasses.replace(TINY_PRESET, pretrain=dataclasses.replace(TINY_PRESET.pretrain, refresh_every=1))
     recipe.train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", preset, progress=False)
