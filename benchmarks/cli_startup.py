@@ -13,11 +13,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from worktree import ROOT, base_worktree
 
 
 def seconds(src: Path) -> float:
@@ -32,21 +31,14 @@ def main() -> None:
     parser.add_argument("--base", default="87c2b0c", help="revision to compare with (default: before the layout)")
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--quiet", "--detach", str(base), args.base], check=True
-        )
-        try:
-            trees = {f"base {args.base}": base / "src", "this tree": ROOT / "src"}
-            for src in trees.values():  # warm the file cache once
-                seconds(src)
-            times: dict[str, list[float]] = {name: [] for name in trees}
-            for _ in range(args.runs):
-                for name, src in trees.items():
-                    times[name].append(seconds(src))
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=True)
+    with base_worktree(args.base) as base:
+        trees = {f"base {args.base}": base / "src", "this tree": ROOT / "src"}
+        for src in trees.values():  # warm the file cache once
+            seconds(src)
+        times: dict[str, list[float]] = {name: [] for name in trees}
+        for _ in range(args.runs):
+            for name, src in trees.items():
+                times[name].append(seconds(src))
     baseline = statistics.median(times[f"base {args.base}"])
     for name, runs in times.items():
         median = statistics.median(runs)

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from worktree import ROOT, base_worktree
 
 
 def evaluate(src: Path, args: argparse.Namespace, out: Path) -> dict:
@@ -39,20 +39,13 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--quiet", "--detach", str(base), args.base], check=True
-        )
+    with tempfile.TemporaryDirectory() as tmp, base_worktree(args.base) as base:
         trees = {f"base {args.base}": base / "src", "this tree": ROOT / "src"}
         runs: dict[str, list[dict]] = {name: [] for name in trees}
-        try:
-            for round_ in range(args.rounds):
-                for name, src in trees.items():
-                    runs[name].append(evaluate(src, args, Path(tmp) / f"{round_}.jsonl"))
-                    print(f"round {round_ + 1}/{args.rounds}: {name} {runs[name][-1]['seconds']} s", flush=True)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=True)
+        for round_ in range(args.rounds):
+            for name, src in trees.items():
+                runs[name].append(evaluate(src, args, Path(tmp) / f"{round_}.jsonl"))
+                print(f"round {round_ + 1}/{args.rounds}: {name} {runs[name][-1]['seconds']} s", flush=True)
     base_seconds = min(r["seconds"] for r in runs[f"base {args.base}"])
     print("| tree | questions | exact match | s per question (best round) | vs base |")
     print("|---|---:|---:|---:|---:|")

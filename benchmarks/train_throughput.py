@@ -47,6 +47,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+from worktree import ROOT, base_worktree
 
 from realm.common.device import autocast, default_device, resolve_compute_dtype
 from realm.config import get_preset
@@ -66,8 +67,6 @@ from realm.recipes.finetune_qa import make_qa_batch
 from realm.recipes.ict import make_ict_batch
 from realm.recipes.pretrain import make_pretrain_batch
 from realm.training import bert_optimizer, example_rng, linear_schedule, optimizer_step
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def synchronize(device: torch.device) -> None:
@@ -107,11 +106,7 @@ def use_hf_forward() -> None:
 def side_by_side(args: argparse.Namespace, passed: list[str]) -> None:
     """Run base / this / naive as child processes, `args.rounds` rounds, and print the step-time ratios."""
     own = [a for a in passed if a not in ("--naive",)]
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--quiet", "--detach", str(base), args.base], check=True
-        )
+    with tempfile.TemporaryDirectory() as tmp, base_worktree(args.base) as base:
         variants = {
             f"base {args.base}": (base / "benchmarks" / "train_throughput.py", base / "src", []),
             "this": (ROOT / "benchmarks" / "train_throughput.py", ROOT / "src", []),
@@ -122,18 +117,15 @@ def side_by_side(args: argparse.Namespace, passed: list[str]) -> None:
             ),
         }
         rows: dict[str, dict[str, list[dict]]] = {name: {} for name in variants}
-        try:
-            for round_ in range(args.rounds):
-                for name, (script, src, extra) in variants.items():
-                    out = Path(tmp) / f"{round_}-{len(rows[name])}-{abs(hash(name))}.json"
-                    env = {**os.environ, "PYTHONPATH": str(src)}
-                    command = [sys.executable, str(script), *own, *extra, "--json", str(out)]
-                    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
-                    for row in json.loads(out.read_text())["results"]:
-                        rows[name].setdefault(row["trainer"], []).append(row)
-                    print(f"round {round_ + 1}/{args.rounds}: {name} done", flush=True)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=True)
+        for round_ in range(args.rounds):
+            for name, (script, src, extra) in variants.items():
+                out = Path(tmp) / f"{round_}-{len(rows[name])}-{abs(hash(name))}.json"
+                env = {**os.environ, "PYTHONPATH": str(src)}
+                command = [sys.executable, str(script), *own, *extra, "--json", str(out)]
+                subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+                for row in json.loads(out.read_text())["results"]:
+                    rows[name].setdefault(row["trainer"], []).append(row)
+                print(f"round {round_ + 1}/{args.rounds}: {name} done", flush=True)
     base_name = f"base {args.base}"
     print("| trainer | variant | step s (data + compute) | steps/s | tokens/s | MFU | vs base |")
     print("|---|---|---:|---:|---:|---:|---:|")

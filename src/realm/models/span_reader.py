@@ -55,7 +55,7 @@ class SpanHead(nn.Module):
         where not valid. Only the valid spans are scored (a padded span row is about half padding)."""
         n, length, _ = hidden.shape
         pick = valid.flatten().nonzero().squeeze(1)  # (V,)
-        rows = (torch.arange(n, device=hidden.device)[:, None] * length).expand_as(starts).flatten()[pick]  # (V,)
+        rows = pick // starts.size(1) * length  # (V,) where each span's row starts in (N * L)
         hidden = pad_rows(hidden.flatten(0, 1))  # (N * L rounded up, H)
         h_start = self.start(hidden)[rows + starts.flatten()[pick]]  # (V, span_hidden)
         h_end = self.end(hidden)[rows + ends.flatten()[pick]]
