@@ -1,9 +1,12 @@
 """Trainer throughput with the asynchronous index builder running beside it vs with a frozen index.
 
-Both runs start from the same weights on the same corpus and take the same batches; the refreshing run
-snapshots every `--refresh-every` steps so the builder is busy for the whole measurement. Steps/s is
+Every run starts from the same weights on the same corpus and takes the same batches; the refreshing runs
+snapshot every `--refresh-every` steps so the builder is busy for the whole measurement. Steps/s is
 measured from the trainer's own metrics log, after `--skip` warm-up steps (the bootstrap index build
 happens before step 1 and is not counted). The baseline is the frozen run, measured in the same run.
+Schedules of the builder beside the trainer: the default (the trainer leaves the builder a core while it
+rebuilds, `share_cores`), both contending for every core (share_cores disabled), and the builder at nice 19
+while contending.
 
     python benchmarks/refresh_overhead.py --corpus data/dev/corpus --retriever runs/dev/ict/retriever --steps 30
 """
@@ -15,9 +18,9 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
+import realm.recipes.pretrain as recipe
 from realm.config import get_preset
 from realm.index.mips import MipsIndex
-from realm.recipes.pretrain import train_pretrain
 from realm.training import read_metrics
 
 
@@ -45,11 +48,19 @@ def main() -> None:
     preset = get_preset("cpu")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, every, nice in (
-            ("frozen index (baseline)", 0, 0),
-            (f"refreshing every {args.refresh_every}, builder at the trainer's priority", args.refresh_every, 0),
-            (f"refreshing every {args.refresh_every}, builder at nice 19", args.refresh_every, 19),
+        yields = recipe.share_cores
+        for name, every, nice, share in (
+            ("frozen index (baseline)", 0, 0, True),
+            (
+                "builder beside it, the trainer leaves it a core while it rebuilds (default)",
+                args.refresh_every,
+                0,
+                True,
+            ),
+            ("builder beside it, both contending for every core", args.refresh_every, 0, False),
+            ("builder beside it at nice 19, both contending", args.refresh_every, 19, False),
         ):
+            recipe.share_cores = yields if share else lambda index_dir, threads: None
             config = dataclasses.replace(
                 preset.pretrain,
                 steps=args.steps,
@@ -59,8 +70,8 @@ def main() -> None:
                 checkpoint_every=10**9,
                 retriever_frozen_steps=0,
             )  # snapshot from the start
-            out = Path(tmp) / f"every{every}-nice{nice}"
-            train_pretrain(
+            out = Path(tmp) / f"every{every}-nice{nice}-share{share}"
+            recipe.train_pretrain(
                 Path(args.corpus),
                 out,
                 args.retriever,

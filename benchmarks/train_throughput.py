@@ -54,8 +54,9 @@ from realm.config import get_preset
 from realm.data.blocks import BlockStore, sentence_starts
 from realm.data.qa_examples import load_qa
 from realm.data.sentences import split_sentences
+from realm.index.build import build_index
 from realm.index.embed import BlockEmbedder
-from realm.index.mips import MipsIndex, build_index
+from realm.index.mips import MipsIndex
 from realm.models.bert import random_bert
 from realm.models.ict import ICTModel
 from realm.models.mlm_reader import Reader

@@ -128,8 +128,8 @@ def tiny_index_config(**changes) -> IndexConfig:
 
 def build_tiny_index(store, retriever, index_dir: Path, replace_model: bool = False, **index_changes):
     """Embed `store` with `retriever`'s document tower and publish an index version (the tiny embed settings)."""
+    from realm.index.build import build_index
     from realm.index.embed import BlockEmbedder
-    from realm.index.mips import build_index
 
     embedder = BlockEmbedder(retriever.doc_tower, retriever.tokenizer, store.config, TINY_EMBED)
     return build_index(
@@ -148,7 +148,7 @@ def build_tiny_index(store, retriever, index_dir: Path, replace_model: bool = Fa
 @pytest.fixture
 def tiny_qa(tmp_path: Path, tiny_corpus, tokenizer) -> tuple[Path, Path]:
     """A tiny random QA model saved to disk and the index its document tower built: (model dir, index dir)."""
-    from realm.index.refresh import build_from_retriever
+    from realm.index.build import build_from_retriever
     from realm.models.bert import random_bert
     from realm.models.orqa import QAModel
     from realm.models.retriever import Retriever

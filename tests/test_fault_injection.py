@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 import re
 import shutil
@@ -150,6 +151,65 @@ def test_killed_index_builds_and_adds_leave_a_live_version_and_rerun_to_the_same
         assert np.array_equal(index.block_ids, with_added.block_ids) and leftovers(target) == []
         np.testing.assert_allclose(index.embeddings(), with_added.embeddings(), atol=1e-2)
     assert killed, "no index job was still running at its kill moment"
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "realm.cli"]
+
+
+def rank_process(rank: int, needle: str) -> int | None:
+    """The pid of torchrun's worker `rank` whose command line mentions `needle` (Linux /proc)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if needle in cmdline and f"RANK={rank}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                return int(proc.name)
+        except OSError:  # it exited while we looked
+            continue
+    return None
+
+
+def test_torchrun_index_build_equals_one_process_and_a_killed_rank_costs_only_its_unfinished_shards(inputs, tmp_path):
+    """`torchrun --nproc_per_node=2 -m realm.cli index build` publishes the 1-process version (same ids, embeddings
+    within fp16); with rank 1 SIGKILLed mid-build the job dies, and the re-run reuses every shard on disk."""
+    corpus = tmp_path / "corpus"
+    realm("corpus", "build", str(inputs / "index_docs.jsonl"), "--out", str(corpus))
+    build = ["index", "build", "--corpus", str(corpus), "--model", "random", "--shard-size", "8", "--quiet"]
+    realm(*build[:-1], "--out", str(tmp_path / "one"))
+    one = MipsIndex(tmp_path / "one", device="cpu")
+    two_ranks = subprocess.run([*TORCHRUN, *build, "--out", str(tmp_path / "two")], capture_output=True, text=True)
+    assert two_ranks.returncode == 0, two_ranks.stderr[-2000:]
+    two = MipsIndex(tmp_path / "two", device="cpu")
+    assert (
+        np.array_equal(two.block_ids, one.block_ids)
+        and two.meta.doc_tower_fingerprint == one.meta.doc_tower_fingerprint
+    )
+    np.testing.assert_allclose(two.embeddings(), one.embeddings(), rtol=2e-3, atol=2e-3)  # fp16 storage
+    queries = np.random.default_rng(SEED).standard_normal((8, one.meta.dim)).astype(np.float32)
+    np.testing.assert_array_equal(two.search(queries, 5)[1], one.search(queries, 5)[1])
+
+    out, shards = tmp_path / "killed", -(-one.meta.num_vectors // 8)
+    job = subprocess.Popen([*TORCHRUN, *build, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while len(list((out / "building").glob("shard_*.npy"))) < shards // 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    victim = rank_process(1, str(out))
+    assert victim is not None and job.poll() is None, "the build ended before rank 1 could be killed"
+    os.kill(victim, signal.SIGKILL)
+    assert job.wait(timeout=300) != 0  # torchrun takes the job down with its rank
+    finished = sorted((out / "building").glob("shard_*.npy"))
+    assert 0 < len(finished) < shards and not (out / "CURRENT").exists()
+    KILLS.append(f"torchrun index build: rank 1 killed after {len(finished)} of {shards} shards")
+    for path in finished:  # mark what is on disk: a re-run that re-embedded a shard would publish the true rows
+        np.save(path, -np.load(path))
+    rerun = subprocess.run([*TORCHRUN, *build, "--out", str(out)], capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    resumed = MipsIndex(out, device="cpu").embeddings()
+    marked = np.zeros(len(resumed), dtype=bool)
+    for path in finished:
+        marked[int(path.stem.split("_")[1]) * 8 :][:8] = True
+    np.testing.assert_allclose(resumed[marked], -one.embeddings()[marked], rtol=2e-3, atol=2e-3)  # reused as found
+    np.testing.assert_allclose(resumed[~marked], one.embeddings()[~marked], rtol=2e-3, atol=2e-3)  # the rest embedded
+    assert leftovers(out) == [] and not (out / "building").exists()
 
 
 def test_a_killed_trainer_resumes_to_the_losses_of_an_uninterrupted_run(inputs, tmp_path):

@@ -82,6 +82,9 @@ class IndexConfig:
     # ivfpq: fetch rerank x k candidates, then rescore them exactly from the stored (memory-mapped)
     # embeddings, so scores are true inner products and recall recovers most of the PQ loss; 0 disables.
     ivf_rerank: int = 4
+    # flat: up to this many vectors, a faiss IndexFlatIP in RAM (fp32); beyond, exact search scans the
+    # memory-mapped fp16 embeddings chunk by chunk (RAM: one chunk, not N x D x 4 bytes).
+    flat_in_memory_rows: int = 2_000_000
     keep_versions: int = 2  # published versions kept on disk (older ones are deleted)
 
 
@@ -115,6 +118,9 @@ class PretrainConfig:
     masking: Literal["salient", "random-span", "uniform"] = "salient"
     refresh_every: int = 500  # trainer snapshots the retriever every N steps for the index builder; 0: frozen index
     builder_nice: int = 0  # the builder process's niceness (0-19) on the trainer's machine
+    # local: the trainer starts its index builder beside it; external: a builder runs elsewhere (`realm index
+    # refresh --config <out>/builder.json`, e.g. a torchrun job on other machines sharing the filesystem)
+    builder: Literal["local", "external"] = "local"
     checkpoint_every: int = 1000
     log_every: int = 10
     held_out_fraction: float = 0.01  # sentences kept out of training for evaluation

@@ -13,7 +13,7 @@ from conftest import DOCS, SHARED_DATA, TINY_CORPUS, dead_pid
 
 from realm.config import CorpusConfig
 from realm.data.blocks import META, BlockSplitter, BlockStore, build_corpus
-from realm.data.sources import BadRecords, CorpusError, Document, read_documents
+from realm.data.sources import BadRecords, Columns, CorpusError, Document, read_documents
 
 
 def _nonspace(text: str) -> str:
@@ -256,3 +256,41 @@ def test_a_truncated_gzip_keeps_what_was_read_under_skip_bad_and_names_the_line_
 def test_a_directory_as_input_says_so(tmp_path):
     with pytest.raises(CorpusError, match="is a directory"):
         list(read_documents(str(tmp_path), False, BadRecords()))
+
+
+def _write_parquet(path: Path, rows: list[dict], row_group_size: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=row_group_size)
+
+
+def test_parquet_rows_stream_with_named_columns_and_bad_rows_named_by_number(tmp_path):
+    rows = [{"page": i, "name": f"T{i}", "body": f"Document number {i} says something."} for i in range(10)]
+    rows[6]["body"] = " "
+    path = tmp_path / "wiki.parquet"
+    _write_parquet(path, rows, row_group_size=4)  # three row groups: rows are numbered across them
+    columns = Columns(id="page", title="name", text="body")
+    with pytest.raises(CorpusError, match=rf"{re.escape(str(path))}:row 7: document 6 has empty text"):
+        list(read_documents(str(path), False, BadRecords(), columns))
+    bad = BadRecords()
+    docs = list(read_documents(str(path), True, bad, columns))
+    assert [d.id for d in docs] == [str(i) for i in range(10) if i != 6] and bad.count == 1
+    assert docs[0] == Document("0", "T0", "Document number 0 says something.")
+    with pytest.raises(CorpusError, match=r"no column\(s\) \['id', 'title', 'text'\]; it has \['page', 'name', 'body'\]"):
+        list(read_documents(str(path), False, BadRecords()))
+    fake = tmp_path / "fake.parquet"
+    fake.write_text("not parquet\n")
+    with pytest.raises(CorpusError, match=rf"{re.escape(str(fake))}: cannot be read as Parquet"):
+        list(read_documents(str(fake), False, BadRecords()))
+
+
+def test_a_parquet_corpus_equals_the_same_documents_as_jsonl(tmp_path, tokenizer):
+    config = CorpusConfig(max_block_tokens=48, max_title_tokens=8)
+    docs = [{"id": f"d{i}", "title": f"Title {i}", "text": LONG_TEXT if i % 2 else "Short text."} for i in range(6)]
+    jsonl, parquet = tmp_path / "docs.jsonl", tmp_path / "docs.parquet"
+    jsonl.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    _write_parquet(parquet, docs, row_group_size=2)
+    from_jsonl = build_corpus([str(jsonl)], tmp_path / "a", tokenizer, config, progress=False)
+    from_parquet = build_corpus([str(parquet)], tmp_path / "b", tokenizer, config, progress=False)
+    assert from_parquet.fingerprint == from_jsonl.fingerprint and from_parquet.num_blocks == from_jsonl.num_blocks

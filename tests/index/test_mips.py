@@ -14,16 +14,9 @@ from conftest import build_tiny_index as _build
 
 from realm.config import IndexConfig
 from realm.index.backends import ExactSearch, build_faiss
+from realm.index.build import build_index
 from realm.index.embed import BlockEmbedder
-from realm.index.mips import (
-    BUILDING,
-    CURRENT,
-    MipsIndex,
-    MipsIndexError,
-    build_index,
-    current_version,
-    publish,
-)
+from realm.index.mips import BUILDING, CURRENT, MipsIndex, MipsIndexError, current_version, publish
 from realm.index.search import BM25Searcher, DenseSearcher, SearchHit
 from realm.models.retriever import Retriever
 
@@ -250,6 +243,38 @@ def test_flat_index_builds_and_searches_without_faiss(tmp_path, tiny_corpus, tin
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-4)
     with pytest.raises(MipsIndexError, match="hnsw backend needs faiss"):
         _build(tiny_corpus, tiny_retriever, tmp_path / "hnsw", backend="hnsw")
+
+
+def test_a_flat_index_beyond_its_ram_limit_is_scanned_from_the_memory_mapped_embeddings(
+    tmp_path, tiny_corpus, tiny_retriever
+):
+    _build(tiny_corpus, tiny_retriever, tmp_path / "in_ram")
+    queries = tiny_retriever.embed_queries(["capital of France", "river in Africa", "moon"]).numpy()
+    expected_scores, expected_ids = MipsIndex(tmp_path / "in_ram").search(queries, 5)
+    meta = _build(tiny_corpus, tiny_retriever, tmp_path / "large", flat_in_memory_rows=len(tiny_corpus) - 1)
+    assert not (tmp_path / "large" / "versions" / f"v{meta.version:06d}" / "index.faiss").exists()
+    index = MipsIndex(tmp_path / "large", device="cpu")
+    assert isinstance(index.index, ExactSearch) and isinstance(index.index.vectors, np.memmap)  # no copy in RAM
+    index.index.chunk_rows = 3  # a scan in chunks, merged across them
+    scores, ids = index.search(queries, 5)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-4)
+
+
+def test_faiss_backends_build_from_a_memory_mapped_fp16_file_chunk_by_chunk(tmp_path, monkeypatch):
+    import realm.index.backends as backends
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "vectors.npy", rng.standard_normal((3000, 32)).astype(np.float16))
+    stored = np.load(tmp_path / "vectors.npy", mmap_mode="r")
+    queries = rng.standard_normal((20, 32)).astype(np.float32)
+    whole = build_faiss(np.asarray(stored, dtype=np.float32), IndexConfig(backend="flat"))[0].search(queries, 10)
+    monkeypatch.setattr(backends, "ADD_CHUNK_ROWS", 700)
+    for backend in ("flat", "ivfpq"):
+        index, _ = build_faiss(stored, IndexConfig(backend=backend))
+        assert index.ntotal == 3000
+        if backend == "flat":
+            np.testing.assert_array_equal(index.search(queries, 10)[1], whole[1])
 
 
 def test_gpu_side_modules_import_without_faiss_bm25s_or_spacy():

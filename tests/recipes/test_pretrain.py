@@ -3,6 +3,7 @@ the refresh policy and builder, exact resume after a crash, and 2-process DDP.""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -18,6 +19,7 @@ from realm.config import IndexConfig, Preset, PretrainConfig
 from realm.data.sentences import date_spans, mask_sentence, merge_spans
 from realm.index.mips import MipsIndex, current_version
 from realm.index.refresh import (
+    STOP_FILE,
     BuilderConfig,
     RefreshPolicy,
     index_source_step,
@@ -172,6 +174,33 @@ def test_towers_keep_zero_lr_until_their_start():
     assert [r[""] for r in rates] == [0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125]
 
 
+def test_fused_optimizer_matches_reference_adamw():
+    """bert_optimizer's fused update is AdamW's: the same weights as the per-op reference after a few steps."""
+    torch.manual_seed(0)
+    fused_model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16))
+    reference_model, initial = copy.deepcopy(fused_model), copy.deepcopy(fused_model)
+    fused = bert_optimizer(fused_model, 1e-2)
+    assert all(group["fused"] for group in fused.param_groups)
+    reference = torch.optim.AdamW(
+        [
+            {"params": g["params"], "weight_decay": g["weight_decay"]}
+            for g in bert_optimizer(reference_model, 1e-2).param_groups
+        ],
+        lr=1e-2,
+        eps=1e-6,
+        foreach=False,
+    )
+    for step in range(5):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))
+        for model, optimizer in ((fused_model, fused), (reference_model, reference)):
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for a, b in zip(fused_model.parameters(), reference_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(fused_model[0].weight, initial[0].weight, atol=1e-3)  # the steps did move it
+
+
 def test_builder_publishes_newer_snapshots(tmp_path, tiny_corpus):
     retriever = Retriever.load("random", TINY_PRESET.retriever)
     save_snapshot(retriever, tmp_path / "snapshots", step=5)
@@ -188,6 +217,26 @@ def test_builder_publishes_newer_snapshots(tmp_path, tiny_corpus):
         tmp_path / "snapshots", tiny_corpus.folder, tmp_path / "index", config, poll_seconds=0.01, max_builds=1
     )
     assert index_source_step(tmp_path / "index") == 20 and current_version(tmp_path / "index") == 2
+
+
+def test_an_external_builder_is_handed_the_run_and_its_versions_are_used(tmp_path, tiny_corpus):
+    """--builder external: the trainer starts no builder, writes builder.json for one running elsewhere, and says
+    STOP when training is over; a version that builder publishes is searched by the (resumed) trainer."""
+    from realm.recipes.pretrain import train_pretrain
+
+    pretrain = dataclasses.replace(TINY_PRESET.pretrain, refresh_every=2, builder="external")
+    preset = dataclasses.replace(TINY_PRESET, pretrain=pretrain)
+    run = tmp_path / "run"
+    train_pretrain(tiny_corpus.folder, run, "random", "random", preset, progress=False)
+    assert not (run / "builder.log").exists() and (run / "snapshots" / STOP_FILE).exists()
+    assert {m["index_version"] for m in _metrics(run)} == {1}  # the trainer's own first index
+    (run / "snapshots" / STOP_FILE).unlink()  # as if the builder elsewhere had been slower than training
+    config = BuilderConfig.load(run / "builder.json")
+    assert refresh_loop(run / "snapshots", tiny_corpus.folder, run / "index", config, 0.01, max_builds=1) == 1
+    assert index_source_step(run / "index") == 4
+    longer = dataclasses.replace(preset, pretrain=dataclasses.replace(pretrain, steps=6))
+    train_pretrain(tiny_corpus.folder, run, "random", "random", longer, True, False, allow_config_change=True)
+    assert [m["index_version"] for m in _metrics(run) if m["step"] > 4] == [2, 2]
 
 
 @pytest.mark.slow
@@ -366,8 +415,8 @@ def test_training_survives_a_dead_builder(tmp_path, tiny_corpus, monkeypatch):
 def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
     from realm.data.sentences import SentenceSet, build_sentences
     from realm.eval.mlm import masked_span_accuracy
+    from realm.index.build import build_index
     from realm.index.embed import BlockEmbedder
-    from realm.index.mips import build_index
     from realm.models.mlm_reader import Reader
     from realm.models.realm import RealmModel
 

@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 from realm.cli.main import main
 from realm.config import SERVE_BATCH_SIZE, IndexConfig
 from realm.data.qa_examples import normalize_answer
+from realm.index.build import build_from_retriever
 from realm.index.mips import MipsIndex
-from realm.index.refresh import build_from_retriever
 from realm.index.update import add_documents, remove_documents
 from realm.models.retriever import Retriever
 from realm.serve.service import MAX_K, MAX_QUESTION_CHARS, QAService, create_app

@@ -13,12 +13,12 @@ from realm.data.sources import VITAL_ARTICLES
 def cmd_corpus_build(args: argparse.Namespace) -> int:
     from realm.common.tokenization import load_tokenizer, resolve_tokenizer_dir
     from realm.data.blocks import build_corpus
+    from realm.data.sources import Columns
 
     preset = resolve_preset(args)
     tokenizer = load_tokenizer(resolve_tokenizer_dir(args.tokenizer))
-    meta = build_corpus(
-        args.inputs, Path(args.out), tokenizer, preset.corpus, skip_bad=args.skip_bad, progress=not args.quiet
-    )
+    columns = Columns(args.id_column, args.title_column, args.text_column)
+    meta = build_corpus(args.inputs, Path(args.out), tokenizer, preset.corpus, args.skip_bad, not args.quiet, columns)
     print(
         f"corpus {args.out}: {meta.num_documents} documents -> {meta.num_blocks} blocks "
         f"(<= {meta.max_block_tokens} wordpieces), {meta.skipped_records} bad records skipped, "
@@ -30,10 +30,15 @@ def cmd_corpus_build(args: argparse.Namespace) -> int:
 def add_commands(commands) -> None:
     corpus = commands.add_parser("corpus", help="knowledge corpus").add_subparsers(dest="action", required=True)
     build = corpus.add_parser("build", help="split documents into blocks")
-    build.add_argument("inputs", nargs="+", help=f"JSONL(.gz) / SQuAD .json|.zip files, or {VITAL_ARTICLES!r}")
+    build.add_argument(
+        "inputs", nargs="+", help=f"JSONL(.gz) / Parquet / SQuAD .json|.zip files, or {VITAL_ARTICLES!r}"
+    )
     build.add_argument("--out", required=True, help="corpus folder")
     build.add_argument("--tokenizer", default=MINILM, help="'minilm' or a folder with a BERT tokenizer")
     build.add_argument("--max-block-tokens", type=positive_int, help="block budget incl. [CLS] title [SEP] body [SEP]")
     build.add_argument("--skip-bad", action="store_true", help="skip malformed records and count them")
+    build.add_argument("--id-column", default="id", help="the field (JSONL key, Parquet column) of a document's id")
+    build.add_argument("--title-column", default="title", help="the field of a document's title")
+    build.add_argument("--text-column", default="text", help="the field of a document's text")
     common(build)
     build.set_defaults(run=cmd_corpus_build)

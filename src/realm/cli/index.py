@@ -10,9 +10,12 @@ from realm.cli.options import common, embedding_options, load_retriever, non_neg
 
 
 def cmd_index_build(args: argparse.Namespace) -> int:
+    """One process, or every rank of a torchrun job embedding its share (rank 0 merges and publishes)."""
     from realm.data.blocks import BlockStore
-    from realm.index.refresh import build_from_retriever
+    from realm.index.build import build_from_retriever
+    from realm.training import setup_distributed
 
+    d = setup_distributed()
     preset = resolve_preset(args)
     retriever = load_retriever(args.model, preset)
     meta = build_from_retriever(
@@ -21,23 +24,29 @@ def cmd_index_build(args: argparse.Namespace) -> int:
         Path(args.out),
         preset.embed,
         preset.index,
-        progress=not args.quiet,
+        progress=not args.quiet and d.main,
         replace_model=args.replace_model,
+        d=d,
     )
     rate = f"{meta.num_vectors / meta.embed_seconds:.1f} blocks/s" if meta.embed_seconds >= 1 else "finished shards"
-    print(
-        f"index {args.out} v{meta.version}: {meta.num_vectors} x {meta.dim} ({meta.backend}), "
-        f"embedded in {meta.embed_seconds:.0f}s ({rate}), built in {meta.build_seconds:.0f}s"
-    )
+    if d.main:
+        print(
+            f"index {args.out} v{meta.version}: {meta.num_vectors} x {meta.dim} ({meta.backend}), "
+            f"embedded in {meta.embed_seconds:.0f}s ({rate}{f', {d.world_size} processes' if d.world_size > 1 else ''})"
+            f", built in {meta.build_seconds:.0f}s"
+        )
     return 0
 
 
 def cmd_index_refresh(args: argparse.Namespace) -> int:
-    """The asynchronous index builder: rebuild whenever the trainer publishes a newer retriever snapshot."""
+    """The asynchronous index builder: rebuild whenever the trainer publishes a newer retriever snapshot (one
+    process, or a torchrun job whose ranks share each build)."""
     import torch
 
     from realm.index.refresh import BuilderConfig, refresh_loop
+    from realm.training import setup_distributed
 
+    d = setup_distributed()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.config:  # the trainer's own settings (run_dir/builder.json)
@@ -53,8 +62,10 @@ def cmd_index_refresh(args: argparse.Namespace) -> int:
         poll_seconds=args.poll_seconds,
         max_builds=args.max_builds,
         parent_pid=os.getppid() if args.exit_with_parent else None,
+        d=d,
     )
-    print(f"index refresh: {builds} versions published to {args.out}")
+    if d.main:
+        print(f"index refresh: {builds} versions published to {args.out}")
     return 0
 
 

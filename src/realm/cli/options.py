@@ -40,6 +40,7 @@ FLAG_FIELDS: dict[str, dict[str, str]] = {
             "num_candidates",
             "masking",
             "refresh_every",
+            "builder",
             "checkpoint_every",
         )
     },

@@ -106,6 +106,12 @@ def add_commands(commands) -> None:
     pretrain.add_argument(
         "--refresh-every", type=non_negative_int, help="snapshot for the index builder every N steps; 0: frozen"
     )
+    pretrain.add_argument(
+        "--builder",
+        choices=["local", "external"],
+        help="local: start the index builder beside the trainer; external: one runs elsewhere "
+        "(realm index refresh --config OUT/builder.json ...)",
+    )
     pretrain.add_argument("--checkpoint-every", type=positive_int)
     _resume_options(pretrain)
     common(pretrain)

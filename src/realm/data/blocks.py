@@ -30,7 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from realm.common.io import clean_partials, partial_name, write_json_atomic
 from realm.common.tokenization import tokenizer_fingerprint
 from realm.config import CorpusConfig
-from realm.data.sources import BadRecords, CorpusError, Document, read_all
+from realm.data.sources import BadRecords, Columns, CorpusError, Document, read_all
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -218,6 +218,7 @@ def build_corpus(
     config: CorpusConfig,
     skip_bad: bool = False,
     progress: bool = True,
+    columns: Columns = Columns(),
 ) -> CorpusMeta:
     """Read, split and store; the new corpus replaces any old one at `out_dir` only once complete."""
     started = time.monotonic()
@@ -237,7 +238,7 @@ def build_corpus(
 
     def all_blocks() -> Iterator[Block]:
         nonlocal num_docs
-        docs = tqdm(read_all(inputs, skip_bad, bad), desc="splitting", unit="doc", disable=not progress)
+        docs = tqdm(read_all(inputs, skip_bad, bad, columns), desc="splitting", unit="doc", disable=not progress)
         for blocks in split_documents(docs, splitter, skip_bad, bad):
             num_docs += 1
             for block in blocks:

@@ -1,7 +1,8 @@
-"""Readers for knowledge-corpus inputs: JSONL(.gz), SQuAD JSON (.json/.zip), and built-in corpora.
+"""Readers for knowledge-corpus inputs: JSONL(.gz), Parquet, SQuAD JSON (.json/.zip), and built-in corpora.
 
-Every reader yields `Document`s and reports malformed records as `CorpusError("file:line: why")`,
-or, with `skip_bad`, counts them in a `BadRecords` tally and moves on.
+Every reader yields `Document`s and reports malformed records as `CorpusError("file:line: why")` (a Parquet
+file's rows are numbered from 1 like lines), or, with `skip_bad`, counts them in a `BadRecords` tally and
+moves on.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ class Document:
     text: str
 
 
+@dataclass(frozen=True)
+class Columns:
+    """Which fields of a record hold the document id, title and text (JSONL keys, Parquet columns)."""
+
+    id: str = "id"
+    title: str = "title"
+    text: str = "text"
+
+
 @dataclass
 class BadRecords:
     """Tally of records skipped under --skip-bad, with the first few reasons kept for the report."""
@@ -60,14 +70,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("REALM_CACHE", Path.home() / ".cache" / "realm"))
 
 
-def _document_from_record(record: object) -> Document:
-    """Validate one `{"id","title","text"}` record; raise ValueError with the reason."""
+def _document_from_record(record: object, columns: Columns) -> Document:
+    """Validate one `{"id","title","text"}` record (under `columns`' names); raise ValueError with the reason."""
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-    missing = [key for key in ("id", "title", "text") if key not in record]
+    missing = [key for key in (columns.id, columns.title, columns.text) if key not in record]
     if missing:
         raise ValueError(f"missing key(s) {missing}")
-    doc_id, title, text = record["id"], record["title"], record["text"]
+    doc_id, title, text = record[columns.id], record[columns.title], record[columns.text]
     if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or str(doc_id) == "":
         raise ValueError(f"'id' must be a non-empty string or integer, got {doc_id!r}")
     if not isinstance(title, str):
@@ -115,14 +125,14 @@ def numbered_lines(path: Path) -> Iterator[tuple[int, str | None, str]]:
         ) from err
 
 
-def read_jsonl(path: Path, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
+def read_jsonl(path: Path, skip_bad: bool, bad: BadRecords, columns: Columns) -> Iterator[Document]:
     try:
         for lineno, line, problem in numbered_lines(path):
             if line is None:
                 _bad(f"{path}:{lineno}", problem, skip_bad, bad)
             elif line.strip():
                 try:
-                    yield _document_from_record(json.loads(line))
+                    yield _document_from_record(json.loads(line), columns)
                 except json.JSONDecodeError as err:
                     why = f"invalid JSON ({err.msg.removesuffix(' at')} at column {err.colno})"
                     _bad(f"{path}:{lineno}", why, skip_bad, bad)
@@ -133,6 +143,39 @@ def read_jsonl(path: Path, skip_bad: bool, bad: BadRecords) -> Iterator[Document
             raise CorpusError(f"{err} (use --skip-bad to keep the lines read before it)") from err
         bad.add(f"{path}:{err.lines_read + 1}", "the file ends early")
         log.warning("%s; keeping the %d lines read before it", err, err.lines_read)
+
+
+def read_parquet(path: Path, skip_bad: bool, bad: BadRecords, columns: Columns) -> Iterator[Document]:
+    """Rows of a Parquet file, streamed one row group at a time (a Wikipedia export need not fit in memory)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as err:
+        raise CorpusError(f"{path}: cannot be read as Parquet ({err})") from err
+    wanted = [columns.id, columns.title, columns.text]
+    missing = [name for name in wanted if name not in parquet.schema_arrow.names]
+    if missing:
+        raise CorpusError(
+            f"{path}: no column(s) {missing}; it has {parquet.schema_arrow.names} "
+            "(name the columns with --id-column, --title-column, --text-column)"
+        )
+    row = 0
+    try:
+        for batch in parquet.iter_batches(columns=wanted, batch_size=4096):
+            for record in batch.to_pylist():
+                row += 1
+                try:
+                    yield _document_from_record(record, columns)
+                except ValueError as err:
+                    _bad(f"{path}:row {row}", str(err), skip_bad, bad)
+    except (pa.ArrowException, OSError) as err:
+        if not skip_bad:
+            raise CorpusError(
+                f"{path}:row {row + 1}: unreadable ({err}) (use --skip-bad to keep the rows before it)"
+            ) from err
+        bad.add(f"{path}:row {row + 1}", f"unreadable ({err})")
 
 
 def _squad_documents(data: dict, where: str, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
@@ -210,8 +253,8 @@ def _looks_like_squad(path: Path) -> bool:
     return head.startswith(b"{") and b'"data"' in head and path.suffix == ".json"
 
 
-def read_documents(spec: str, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
-    """Dispatch one input: `vital-articles`, *.jsonl / *.jsonl.gz, or SQuAD *.json / *.zip."""
+def read_documents(spec: str, skip_bad: bool, bad: BadRecords, columns: Columns = Columns()) -> Iterator[Document]:
+    """Dispatch one input: `vital-articles`, *.jsonl / *.jsonl.gz, *.parquet, or SQuAD *.json / *.zip."""
     if spec == VITAL_ARTICLES:
         yield from read_vital_articles(skip_bad, bad)
         return
@@ -219,20 +262,24 @@ def read_documents(spec: str, skip_bad: bool, bad: BadRecords) -> Iterator[Docum
     if path.is_dir():
         raise CorpusError(f"{spec}: is a directory; name the files in it (e.g. {path / '*.jsonl.gz'})")
     if not path.is_file():
-        raise CorpusError(f"{spec}: no such file (inputs are JSONL/JSONL.gz, SQuAD .json/.zip, or {VITAL_ARTICLES!r})")
+        raise CorpusError(
+            f"{spec}: no such file (inputs are JSONL/JSONL.gz, Parquet, SQuAD .json/.zip, or {VITAL_ARTICLES!r})"
+        )
     if path.name.endswith((".jsonl", ".jsonl.gz")):
-        yield from read_jsonl(path, skip_bad, bad)
+        yield from read_jsonl(path, skip_bad, bad, columns)
+    elif path.suffix == ".parquet":
+        yield from read_parquet(path, skip_bad, bad, columns)
     elif _looks_like_squad(path):
         yield from read_squad(path, skip_bad, bad)
     else:
-        raise CorpusError(f"{spec}: unknown input format (expected .jsonl, .jsonl.gz, SQuAD .json or .zip)")
+        raise CorpusError(f"{spec}: unknown input format (expected .jsonl, .jsonl.gz, .parquet, SQuAD .json or .zip)")
 
 
-def read_all(specs: list[str], skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
+def read_all(specs: list[str], skip_bad: bool, bad: BadRecords, columns: Columns = Columns()) -> Iterator[Document]:
     """All inputs in order; a document id seen twice is a bad record (block provenance must be unambiguous)."""
     seen: set[str] = set()
     for spec in specs:
-        for n, doc in enumerate(read_documents(spec, skip_bad, bad), start=1):
+        for n, doc in enumerate(read_documents(spec, skip_bad, bad, columns), start=1):
             if doc.id in seen:
                 _bad(f"{spec}: document {n}", f"duplicate document id {doc.id!r}", skip_bad, bad)
                 continue

@@ -28,12 +28,17 @@ def faiss_module():
     return faiss
 
 
+ADD_CHUNK_ROWS = 1 << 16  # vectors converted to fp32 and added to faiss at a time
+
+
 def build_faiss(vectors: np.ndarray, config: IndexConfig):
-    """Build the chosen backend over (N, D) float32 vectors; returns the faiss index and its parameters.
-    Without faiss a flat version has no faiss index (None): exact search reads the embeddings."""
+    """Build the chosen backend over (N, D) vectors (any float dtype, e.g. a memory-mapped fp16 file, read chunk by
+    chunk); returns the faiss index and its parameters. A flat version has no faiss index (None) without faiss or
+    beyond `flat_in_memory_rows`: exact search then scans the stored embeddings."""
     n, dim = vectors.shape
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     faiss = faiss_module()
+    if config.backend == "flat" and n > config.flat_in_memory_rows:
+        return None, {}
     if faiss is None:
         if config.backend != "flat":
             raise MipsIndexError(
@@ -57,10 +62,10 @@ def build_faiss(vectors: np.ndarray, config: IndexConfig):
         nlist = config.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
         nbits = max(1, min(8, int(math.log2(max(2, n // 4)))))  # PQ needs >= 2**nbits training points
         index = faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, nlist, pq_m, nbits, faiss.METRIC_INNER_PRODUCT)
-        sample = vectors
+        sample = np.arange(n)
         if n > 256 * nlist:
-            sample = vectors[np.random.default_rng(0).choice(n, 256 * nlist, replace=False)]
-        index.train(sample)
+            sample = np.sort(np.random.default_rng(0).choice(n, 256 * nlist, replace=False))
+        index.train(np.ascontiguousarray(vectors[sample], dtype=np.float32))
         params = {
             "nlist": nlist,
             "nprobe": min(config.ivf_nprobe, nlist),
@@ -70,7 +75,8 @@ def build_faiss(vectors: np.ndarray, config: IndexConfig):
         }
     else:
         raise ValueError(f"unknown index backend {config.backend!r}; choose flat, hnsw or ivfpq")
-    index.add(vectors)
+    for start in range(0, n, ADD_CHUNK_ROWS):
+        index.add(np.ascontiguousarray(vectors[start : start + ADD_CHUNK_ROWS], dtype=np.float32))
     return index, params
 
 
@@ -102,14 +108,17 @@ def configure_search(index, backend: str, params: dict) -> None:
 
 class ExactSearch:
     """Exact MIPS as a brute-force matmul + top-k in torch (fp32), on any device: the search of a flat index on
-    a GPU, or wherever faiss is absent. The stored vectors are scanned in chunks, so the (Q, N) score matrix
-    never exists in full (a 13M-block index is searched in slices of `chunk_rows`)."""
+    a GPU, where faiss is absent, and of a flat index too large to hold in RAM. The stored vectors are scanned in
+    chunks, so the (Q, N) score matrix never exists in full. On a GPU they are copied to its memory once; on a CPU
+    they stay where they are (a memory-mapped fp16 file: RAM holds one chunk in fp32 and the pages read)."""
 
-    def __init__(self, vectors: np.ndarray, device: str | None = None, chunk_rows: int = 1 << 20):
+    def __init__(self, vectors: np.ndarray, device: str | None = None, chunk_rows: int = 1 << 18):
         import torch
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.vectors = torch.from_numpy(np.array(vectors, dtype=np.float32)).to(self.device)  # (N, D), a copy in memory
+        self.vectors: Any = vectors  # (N, D), scanned in place on a CPU
+        if self.device.type != "cpu":
+            self.vectors = torch.from_numpy(np.array(vectors, dtype=np.float32)).to(self.device)
         self.chunk_rows = chunk_rows
 
     @property
@@ -126,6 +135,8 @@ class ExactSearch:
         with torch.inference_mode():
             for start in range(0, self.ntotal, self.chunk_rows):
                 chunk = self.vectors[start : start + self.chunk_rows]  # (C, D)
+                if not isinstance(chunk, torch.Tensor):  # rows of a read-only memory map: copied, then widened
+                    chunk = torch.from_numpy(np.array(chunk)).float()
                 scores, rows = torch.topk(q @ chunk.T, min(k, len(chunk)), dim=1)  # (Q, k) f(x, z) = q · z
                 scores, rows = torch.cat([best_scores, scores], 1), torch.cat([best_rows, rows + start], 1)
                 best_scores, order = torch.topk(scores, min(k, scores.shape[1]), dim=1)  # merge with earlier chunks

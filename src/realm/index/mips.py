@@ -33,16 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from realm.common.io import clean_partials, fsync_dir, write_atomic
-from realm.config import Backend, EmbedConfig, IndexConfig, RetrieverConfig
+from realm.config import Backend, RetrieverConfig
 from realm.data.blocks import BlockStore
-from realm.index.backends import (
-    ExactSearch,
-    MipsIndexError,
-    build_faiss,
-    configure_search,
-    faiss_module,
-)
-from realm.index.embed import BlockEmbedder, embed_corpus
+from realm.index.backends import ExactSearch, MipsIndexError, configure_search, faiss_module
 from realm.index.knowledge import LayeredStore
 
 log = logging.getLogger(__name__)
@@ -114,10 +107,16 @@ def current_version(index_dir: Path) -> int | None:
 
 
 def publish(
-    index_dir: Path, embeddings: np.ndarray, block_ids: np.ndarray, index, meta_fields: dict, keep_versions: int
+    index_dir: Path,
+    embeddings: np.ndarray | Path,
+    block_ids: np.ndarray,
+    index,
+    meta_fields: dict,
+    keep_versions: int,
 ) -> IndexMeta:
     """Write a complete new version, then switch CURRENT to it; prune versions beyond `keep_versions`.
-    `index` is the faiss index, or None for a flat version built without faiss."""
+    `embeddings`: the (N, D) array, or an .npy file of it in the index folder (moved in, not copied: at scale it is
+    gigabytes). `index` is the faiss index, or None for a flat version searched without one."""
     versions_dir = index_dir / VERSIONS
     versions_dir.mkdir(parents=True, exist_ok=True)
     for folder in (index_dir, versions_dir, index_dir / ADDED):  # what writers killed mid-write left behind
@@ -126,7 +125,10 @@ def publish(
     tmp = versions_dir / f".partial-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()
     try:
-        np.save(tmp / "embeddings.npy", embeddings)
+        if isinstance(embeddings, Path):
+            os.replace(embeddings, tmp / "embeddings.npy")
+        else:
+            np.save(tmp / "embeddings.npy", embeddings)
         np.save(tmp / "block_ids.npy", block_ids.astype(np.int64))
         if index is not None:
             faiss_module().write_index(index, str(tmp / "index.faiss"))
@@ -149,76 +151,6 @@ def publish(
     for old in _versions(index_dir)[:-keep_versions]:
         if old != version:
             shutil.rmtree(version_dir(index_dir, old), ignore_errors=True)
-    return meta
-
-
-def build_index(
-    store: BlockStore,
-    embedder: BlockEmbedder,
-    doc_fingerprint: str,
-    index_dir: Path,
-    embed_config: EmbedConfig,
-    index_config: IndexConfig,
-    retriever_config: RetrieverConfig,
-    progress: bool = True,
-    checkpoint_step: int | None = None,
-    checkpoint_time: float | None = None,
-    replace_model: bool = False,
-) -> IndexMeta:
-    """Embed every block of `store` and publish a new index version at `index_dir`. A folder whose live version
-    was built by another document tower is refused unless `replace_model` (its users' query towers would no
-    longer match it); the trainer's builder, whose towers change by design, passes True."""
-    index_dir = Path(index_dir)
-    live = current_version(index_dir) if (index_dir / CURRENT).exists() else None
-    if live is not None and not replace_model:
-        built_by = read_meta(index_dir, live).doc_tower_fingerprint
-        if built_by != doc_fingerprint:
-            raise MipsIndexError(
-                f"{index_dir}: its live version v{live} was built by document tower {built_by}, this model's is "
-                f"{doc_fingerprint}; publishing would break every user of the folder (their query tower no longer "
-                "matches). Build into another folder, or pass --replace-model to replace the index's model"
-            )
-    if (
-        index_dir.exists()
-        and any(index_dir.iterdir())
-        and not (index_dir / VERSIONS).exists()
-        and not (index_dir / BUILDING).exists()
-    ):
-        raise FileExistsError(f"{index_dir} exists and is not an index folder; refusing to write into it")
-    index_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    embeddings = embed_corpus(store, embedder, doc_fingerprint, index_dir / BUILDING, embed_config, progress)
-    embed_seconds = time.monotonic() - started
-    index, params = build_faiss(embeddings, index_config)
-    storage = np.float16 if embed_config.storage_dtype == "fp16" else np.float32
-    try:
-        corpus_path = os.path.relpath(store.folder.resolve(), index_dir.resolve())
-    except ValueError:  # different drives on Windows
-        corpus_path = str(store.folder.resolve())
-    meta = publish(
-        index_dir,
-        embeddings.astype(storage),
-        np.arange(len(store), dtype=np.int64),
-        index,
-        dict(
-            doc_tower_fingerprint=doc_fingerprint,
-            corpus_fingerprint=store.fingerprint,
-            corpus_path=corpus_path,
-            num_vectors=len(store),
-            dim=int(embeddings.shape[1]),
-            backend=index_config.backend,
-            params=params,
-            retriever={k: v for k, v in asdict(retriever_config).items() if k != "shape"},
-            storage_dtype=embed_config.storage_dtype,
-            embed=asdict(embed_config),
-            embed_seconds=round(embed_seconds, 1),
-            build_seconds=round(time.monotonic() - started, 1),
-            checkpoint_step=checkpoint_step,
-            checkpoint_time=checkpoint_time,
-        ),
-        index_config.keep_versions,
-    )
-    shutil.rmtree(index_dir / BUILDING, ignore_errors=True)
     return meta
 
 

@@ -25,9 +25,10 @@ from pathlib import Path
 from realm.common.io import write_json_atomic
 from realm.config import EmbedConfig, IndexConfig, RetrieverConfig
 from realm.data.blocks import BlockStore
-from realm.index.embed import BlockEmbedder
-from realm.index.mips import IndexMeta, build_index, current_version, read_meta
+from realm.index.build import build_from_retriever
+from realm.index.mips import current_version, read_meta
 from realm.models.retriever import Retriever
+from realm.training import ONE_PROCESS, Dist, broadcast, on_every_rank
 
 log = logging.getLogger(__name__)
 
@@ -143,34 +144,20 @@ def index_source_step(index_dir: Path) -> int | None:
     return read_meta(index_dir, version).checkpoint_step
 
 
-def build_from_retriever(
-    retriever: Retriever,
-    store: BlockStore,
-    index_dir: Path,
-    embed: EmbedConfig,
-    index: IndexConfig,
-    step: int | None = None,
-    snapshot_time: float | None = None,
-    progress: bool = False,
-    replace_model: bool = False,
-) -> IndexMeta:
-    """Embed every block with the retriever's document tower and publish a version: the one build path of
-    `realm index build`, the trainer's first index and the builder's rebuilds. `step`/`snapshot_time`: the
-    trainer snapshot it comes from (None outside training)."""
-    embedder = BlockEmbedder(retriever.doc_tower, retriever.tokenizer, store.config, embed)
-    return build_index(
-        store,
-        embedder,
-        retriever.doc_fingerprint(),
-        index_dir,
-        embed,
-        index,
-        retriever.config,
-        progress=progress,
-        checkpoint_step=step,
-        checkpoint_time=snapshot_time,
-        replace_model=replace_model,
-    )
+def _due(watch: Path, index_dir: Path, policy: RefreshPolicy, parent_pid: int | None) -> tuple[str, dict]:
+    """What the builder should do now: ("stop", {}), ("wait", {}) or ("build", the newest snapshot's info + path)."""
+    if (Path(watch) / STOP_FILE).exists():
+        return "stop", {}
+    if parent_pid is not None and os.getppid() != parent_pid:
+        log.info("the trainer exited; the index builder stops too")
+        return "stop", {}
+    snapshots = list_snapshots(watch)
+    if not snapshots:
+        return "wait", {}
+    info = snapshot_info(snapshots[-1])
+    if not policy.should_rebuild(info["step"], index_source_step(index_dir)):
+        return "wait", {}
+    return "build", {**info, "path": str(snapshots[-1])}
 
 
 def refresh_loop(
@@ -181,29 +168,30 @@ def refresh_loop(
     poll_seconds: float = 2.0,
     max_builds: int | None = None,
     parent_pid: int | None = None,
+    d: Dist = ONE_PROCESS,
 ) -> int:
     """Rebuild the index whenever a newer snapshot appears; stop when `watch/STOP` exists, or when process
     `parent_pid` (the trainer that started us) is no longer our parent: it was killed, even by kill -9. The pid
-    is given, not read at start: the trainer may die while we still import torch. Returns builds done."""
+    is given, not read at start: the trainer may die while we still import torch. Under torchrun rank 0 decides
+    and every rank embeds its share of each build. Returns builds done."""
     store = BlockStore(corpus)
     policy = RefreshPolicy(config.refresh_every)
     builds = 0
-    while not (Path(watch) / STOP_FILE).exists() and (max_builds is None or builds < max_builds):
-        if parent_pid is not None and os.getppid() != parent_pid:
-            log.info("the trainer exited; the index builder stops too")
+    while max_builds is None or builds < max_builds:
+        action, snapshot = broadcast(_due(watch, index_dir, policy, parent_pid) if d.main else None, d)
+        if action == "stop":
             break
-        snapshots = list_snapshots(watch)
-        newest = snapshots[-1] if snapshots else None
-        newest_step = snapshot_info(newest)["step"] if newest else None
-        if not policy.should_rebuild(newest_step, index_source_step(index_dir)):
+        if action == "wait":
             time.sleep(poll_seconds)
             continue
-        assert newest is not None and newest_step is not None  # a rebuild is due only for an existing snapshot
         started = time.monotonic()
         try:
-            retriever = Retriever.load(str(newest), config.retriever)
+            retriever = Retriever.load(snapshot["path"], config.retriever)
+            loaded = True
         except (FileNotFoundError, OSError, ValueError) as err:  # pruned by the trainer while we read it
-            log.warning("snapshot %s vanished while loading (%s); retrying", newest, err)
+            log.warning("snapshot %s vanished while loading (%s); retrying", snapshot["path"], err)
+            loaded = False
+        if not on_every_rank(loaded, d):
             continue
         meta = build_from_retriever(
             retriever,
@@ -211,13 +199,17 @@ def refresh_loop(
             index_dir,
             config.embed,
             config.index,
-            newest_step,
-            snapshot_info(newest)["time"],
+            snapshot["step"],
+            snapshot["time"],
             replace_model=True,  # the towers of a training run change by design
+            d=d,
         )
         builds += 1
         log.info(
-            "published index v%d from snapshot step %d in %.0fs", meta.version, newest_step, time.monotonic() - started
+            "published index v%d from snapshot step %d in %.0fs",
+            meta.version,
+            snapshot["step"],
+            time.monotonic() - started,
         )
     return builds
 

@@ -35,7 +35,7 @@ def build_corpus_folder(
 
 def build_index_folder(retriever_folder: Path, corpus: Path, index_dir: Path, preset: Preset, progress: bool) -> dict:
     from realm.data.blocks import BlockStore
-    from realm.index.refresh import build_from_retriever
+    from realm.index.build import build_from_retriever
     from realm.models.retriever import Retriever
 
     retriever = Retriever.load(str(retriever_folder), preset.retriever)

@@ -28,15 +28,9 @@ from realm.data.sentences import (
     mask_sentence,
     sentences_path,
 )
-from realm.index.mips import MipsIndex, current_version
-from realm.index.refresh import (
-    STOP_FILE,
-    BuilderConfig,
-    RefreshPolicy,
-    build_from_retriever,
-    save_snapshot,
-    start_builder,
-)
+from realm.index.build import build_from_retriever
+from realm.index.mips import BUILDING, MipsIndex, current_version
+from realm.index.refresh import STOP_FILE, BuilderConfig, RefreshPolicy, save_snapshot, start_builder
 from realm.index.search import retrieve
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmBatch, RealmModel, make_batch, pad_queries
@@ -111,6 +105,15 @@ def _mean_over_ranks(values: dict[str, float], d: Dist) -> dict[str, float]:
     return dict(zip(values, (tensor / d.world_size).tolist()))
 
 
+def share_cores(index_dir: Path, threads: int) -> None:
+    """While the local builder re-embeds the corpus (index/building/ exists), the trainer leaves it a core. On 2
+    cores, trainer and builder threads contending for both ran the trainer at 0.35x of its frozen-index speed,
+    one core each at 0.58x (benchmarks/refresh_overhead.py); between rebuilds the trainer has every core."""
+    wanted = max(1, threads - 1) if (index_dir / BUILDING).exists() else threads
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)
+
+
 def train_pretrain(
     corpus: Path,
     out: Path,
@@ -181,29 +184,39 @@ def train_pretrain(
         policy = RefreshPolicy(0)
     # The first index and every rebuild use the same settings: the builder process receives these as JSON.
     builder_config = BuilderConfig(preset.embed, preset.index, preset.retriever, policy.every_steps)
-    if d.main and retrieval and current_version(index_dir) is None:  # a new corpus: bootstrap the first index
+    if retrieval and broadcast(d.main and current_version(index_dir) is None, d):  # a new corpus: the first index
         log.info("no index yet in %s: building the first one from the current retriever", index_dir)
-        build_from_retriever(
-            model.retriever, store, index_dir, builder_config.embed, builder_config.index, step, time.time(), progress
+        build_from_retriever(  # every rank embeds its share
+            model.retriever,
+            store,
+            index_dir,
+            builder_config.embed,
+            builder_config.index,
+            step,
+            time.time(),
+            progress and d.main,
+            d=d,
         )
-    if d.world_size > 1:
-        dist.barrier()
     (out / "snapshots" / STOP_FILE).unlink(missing_ok=True)  # left by an earlier run's clean exit
-    builder = (
-        start_builder(out, Path(corpus), builder_config, nice=cfg.builder_nice)
-        if d.main and not policy.frozen
-        else None
-    )
+    builder = None
+    if d.main and not policy.frozen and cfg.builder == "local":
+        builder = start_builder(out, Path(corpus), builder_config, nice=cfg.builder_nice)
+    elif d.main and not policy.frozen:
+        builder_config.save(out / "builder.json")
+        log.info("external builder: start `realm index refresh --config %s/builder.json ...` to refresh", out)
     index = MipsIndex(index_dir) if retrieval else None
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
     metrics_log = MetricsLog(out, cfg.steps, step, d, "REALM", progress)
     builder_warned = False
+    threads = torch.get_num_threads()
     try:
         while step < cfg.steps:
             if index is not None:
                 published = broadcast(current_version(index_dir) if d.main else None, d)
                 if policy.should_reload(index.version, published):
                     index = MipsIndex(index_dir, published)
+            if device.type == "cpu" and cfg.builder == "local" and not policy.frozen:
+                share_cores(index_dir, threads)
             epoch = position.epoch
             indices, position = order.take(position, cfg.batch_size)
             local = indices[d.rank :: d.world_size]
@@ -253,11 +266,15 @@ def train_pretrain(
                 save_checkpoint(out, step, model, optimizer, scheduler, position, d)
     finally:
         metrics_log.close()
+        torch.set_num_threads(threads)
         if builder is not None:
             (out / "snapshots").mkdir(parents=True, exist_ok=True)
             (out / "snapshots" / STOP_FILE).touch()
             builder.terminate()
             builder.wait(timeout=30)
+    if d.main and builder is None and not policy.frozen:  # training is over: an external builder may stop
+        (out / "snapshots").mkdir(parents=True, exist_ok=True)
+        (out / "snapshots" / STOP_FILE).touch()
     if d.main:
         model.retriever.save(out / "retriever")
         model.reader.save(out / "reader")
