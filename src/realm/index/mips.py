@@ -6,9 +6,11 @@ Layout of an index folder:
         meta.json             fingerprints (document tower, corpus), dims, count, backend, parameters
         embeddings.npy        (N, D) fp16 by default: what a refresh or a new backend reuses
         block_ids.npy         (N,) int64: row -> block id
-        index.faiss           the faiss index (faiss' own format; no pickle); a flat version published
-                              where faiss is not installed has none: exact search needs only the embeddings
-    building/                 resumable shards of a build in progress (deleted once published)
+        index.faiss           the faiss index (faiss' own format; no pickle); a flat version has none where
+                              faiss is not installed or beyond IndexConfig.flat_in_memory_rows: exact search
+                              then scans the memory-mapped embeddings
+    building/                 resumable shards of a build in progress, one per `shard_size` blocks, and their
+                              merge (index/build.py); deleted once published
     added/                    blocks added by `realm index add` (Arrow, like the corpus), append-only: each
                               version's meta.json lists the files it layers over the base corpus
 
