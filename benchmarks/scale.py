@@ -10,11 +10,15 @@ imports the same modules (`import`).
   corpus       realm corpus build (Parquet -> blocks.arrow)
   index        realm index build, flat: embed into shards, merge through a memory map, faiss, publish
   index x2     the same build as a 2-rank torchrun job (smallest size only: this machine has 2 cores)
-  ivfpq, hnsw  faiss IVF-PQ (every size) and HNSW (smallest size) over the published, memory-mapped fp16 embeddings
-  search       1,000 SQuAD questions in batches of 64: flat in RAM (faiss), flat scanned from the memory-mapped
-               file, ivfpq with exact rerank, hnsw; recall@10 against exact search
+  publish      index folders over the same (hard-linked) embeddings: flat without a faiss index (what a flat
+               index beyond flat_in_memory_rows is), IVF-PQ (every size), HNSW (smallest size), faiss built
+               from the memory-mapped fp16 file
+  search       1,000 SQuAD questions in batches of 64, each folder opened as a user would (MipsIndex): flat in
+               RAM (faiss), flat scanned from the memory map, ivfpq with exact rerank, hnsw; recall@10 against
+               exact search in RAM
 
     python benchmarks/scale.py --sizes 100000,1000000 --work /tmp/scale
+    python benchmarks/scale.py --sizes 100000,1000000 --work /tmp/scale --search-only   # the search part again
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import gzip
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -108,18 +113,26 @@ def stage_index(work: Path, out: str) -> dict:
     return {"blocks": meta.num_vectors, "embed_s": meta.embed_seconds}
 
 
-def stage_approx(work: Path, backend: str) -> dict:
-    """An approximate faiss backend over the published embeddings (memory-mapped fp16, added chunk by chunk)."""
-    import faiss
-
+def stage_variant(work: Path, backend: str) -> dict:
+    """Publish another index folder over the same (hard-linked) embeddings, as a user's `realm index build
+    --backend` would: `ivfpq` or `hnsw` built from the memory-mapped fp16 file chunk by chunk, or `mmap`, a flat
+    version without a faiss index (what a flat index beyond flat_in_memory_rows is)."""
     from realm.config import IndexConfig
     from realm.index.backends import build_faiss
-    from realm.index.mips import MipsIndex
+    from realm.index.mips import MipsIndex, publish
 
-    stored = MipsIndex(work / "index", device="cpu").embeddings()
-    index, params = build_faiss(stored, IndexConfig(backend=backend))  # type: ignore[arg-type]
-    faiss.write_index(index, str(work / f"{backend}.faiss"))
-    (work / f"{backend}.json").write_text(json.dumps(params))
+    flat = MipsIndex(work / "index", device="cpu")
+    config = IndexConfig(backend="flat", flat_in_memory_rows=0) if backend == "mmap" else IndexConfig(backend=backend)  # type: ignore[arg-type]
+    index, params = build_faiss(flat.embeddings(), config)
+    out = work / f"index-{backend}"
+    out.mkdir()
+    os.link(flat.folder / "embeddings.npy", out / "embeddings.npy")  # publish moves it into the version
+    fields = {
+        k: v for k, v in dataclasses.asdict(flat.meta).items() if k not in ("format_version", "version", "created")
+    }
+    publish(
+        out, out / "embeddings.npy", flat.block_ids, index, {**fields, "backend": config.backend, "params": params}, 1
+    )
     return {"params": params}
 
 
@@ -141,26 +154,19 @@ SEARCHES = {
 
 def stage_search(work: Path, variant: str) -> dict:
     """Queries/s of one search variant; the top 10 of every query saved for recall."""
-    from realm.index.backends import ExactSearch, configure_search
+    from realm.index.backends import ExactSearch
     from realm.index.mips import MipsIndex
 
     queries = np.load(work / "queries.npy")
-    index = MipsIndex(work / "index", device="cpu")
-    if variant == "mmap":
-        index.index = ExactSearch(index.embeddings(), "cpu")
-    elif variant in ("ivfpq", "hnsw"):
-        import faiss
-
-        params = json.loads((work / f"{variant}.json").read_text())
-        index.index = faiss.read_index(str(work / f"{variant}.faiss"))
-        configure_search(index.index, variant, params)
-        index.meta = dataclasses.replace(index.meta, backend=variant, params=params)
+    before = peak_rss_mb()  # the process without the index: python, torch, faiss, the queries
+    index = MipsIndex(work / ("index" if variant == "flat" else f"index-{variant}"), device="cpu")
+    assert isinstance(index.index, ExactSearch) == (variant == "mmap")
     index.search(queries[:BATCH_QUERIES], 10)  # warm-up
     started = time.perf_counter()
     ids = [index.search(queries[i : i + BATCH_QUERIES], 10)[1] for i in range(0, len(queries), BATCH_QUERIES)]
     seconds = time.perf_counter() - started
     np.save(work / f"top10-{variant}.npy", np.concatenate(ids))
-    return {"qps": len(queries) / seconds}
+    return {"qps": len(queries) / seconds, "index_mb": peak_rss_mb() - before}
 
 
 def stage_imports(work: Path) -> dict:
@@ -194,7 +200,7 @@ STAGES = {
     "docs": stage_docs,
     "corpus": stage_corpus,
     "index": stage_index,
-    "approx": stage_approx,
+    "variant": stage_variant,
     "search": stage_search,
     "imports": stage_imports,
     "minilm": stage_minilm,
@@ -220,7 +226,7 @@ def run_stage_here(args: argparse.Namespace) -> None:
     extra = {"size": args.size} if args.stage == "docs" else {}
     extra |= {"out": args.out} if args.stage == "index" else {}
     extra |= {"variant": args.variant} if args.stage == "search" else {}
-    extra |= {"backend": args.variant} if args.stage == "approx" else {}
+    extra |= {"backend": args.variant} if args.stage == "variant" else {}
     result = STAGES[args.stage](Path(args.work), **extra)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({**result, "rss_mb": peak_rss_mb()}), flush=True)
@@ -238,6 +244,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", default="index", help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=list(SEARCHES), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--search-only", action="store_true", help="reuse the corpora and flat indexes of an earlier run in --work"
+    )
     args = parser.parse_args()
     if args.stage:
         return run_stage_here(args)
@@ -248,50 +257,63 @@ def main() -> None:
     print(f"a child that only imports torch, faiss and realm: peak RSS {base_rss:.0f} MB", flush=True)
     for size in sizes:
         work = Path(args.work) / str(size)
-        work.mkdir(parents=True, exist_ok=True)
-        docs = child("docs", work, "--size", str(size))
-        stages = {"corpus build": child("corpus", work), "index build (flat)": child("index", work)}
-        blocks = stages["corpus build"]["blocks"]
-        if size == sizes[0]:
-            stages["index build, torchrun 2 ranks"] = child("index", work, "--out", "index2", ranks=2)
-            one = np.load(work / "index" / "versions" / "v000001" / "embeddings.npy", mmap_mode="r")
-            two = np.load(work / "index2" / "versions" / "v000001" / "embeddings.npy", mmap_mode="r")
-            gap = np.abs(one.astype(np.float32) - two.astype(np.float32))
-            print(
-                f"2 ranks (1 thread each) vs 1 process (2 threads) at {blocks:,} blocks: {np.mean(gap > 0):.2%} of "
-                f"values differ, by at most {gap.max():.2g} (bf16 rounding across thread counts)",
-                flush=True,
-            )
-            cost["minilm"] = child("minilm", work)["s_per_block"]
-        stages["ivfpq build"] = child("approx", work, "--variant", "ivfpq")
-        variants = ["flat", "mmap", "ivfpq"]
-        if size == sizes[0]:  # HNSW's build is too slow on 2 cores beyond ~100k blocks
-            stages["hnsw build"] = child("approx", work, "--variant", "hnsw")
-            variants.append("hnsw")
+        stages = build_stages(work, size, first=size == sizes[0], cost=cost) if not args.search_only else {}
+        blocks = json.loads((work / "corpus" / "meta.json").read_text())["num_blocks"]
+        variants = ["mmap", "ivfpq"] + (["hnsw"] if size == sizes[0] else [])  # HNSW: too slow to build beyond
+        for variant in variants:
+            shutil.rmtree(work / f"index-{variant}", ignore_errors=True)
+            stages[f"{SEARCHES[variant]}: publish"] = child("variant", work, "--variant", variant)
         np.save(work / "queries.npy", query_vectors())
-        searches = {variant: child("search", work, "--variant", variant) for variant in variants}
+        searches = {variant: child("search", work, "--variant", variant) for variant in ["flat", *variants]}
         exact = np.load(work / "top10-flat.npy")
         for name, result in stages.items():
             micro = result["seconds"] / blocks * 1e6
             rows.append((blocks, name, f"{result['seconds']:.1f}", f"{micro:.0f}", result["rss_mb"], ""))
         for variant, result in searches.items():
             recall = recall_at_10(np.load(work / f"top10-{variant}.npy"), exact)
-            note = f"{result['qps']:.0f} queries/s, recall@10 {recall:.3f}"
+            note = f"{result['qps']:.0f} queries/s, recall@10 {recall:.3f}, index +{result['index_mb']:.0f} MB"
             rows.append((blocks, f"search: {SEARCHES[variant]}", "", "", result["rss_mb"], note))
-        index = stages["index build (flat)"]
-        cost[size] = {
-            "corpus": stages["corpus build"]["seconds"] / blocks,
-            "embed": index["embed_s"] / blocks,  # what the ranks share
-            "serial": (index["seconds"] - index["embed_s"]) / blocks,  # start-up, merge, faiss, publish: rank 0
-            "ivfpq": stages["ivfpq build"]["seconds"] / blocks,
-        }
-        fp32 = blocks * 128 * 4 / 2**20
-        print(f"{blocks:,} blocks from {docs['documents']:,} documents; fp32 embeddings: {fp32:.0f} MB", flush=True)
+        if not args.search_only:
+            index = stages["index build (flat)"]
+            cost[size] = {
+                "corpus": stages["corpus build"]["seconds"] / blocks,
+                "embed": index["embed_s"] / blocks,  # what the ranks share
+                "serial": (index["seconds"] - index["embed_s"]) / blocks,  # start-up, merge, faiss, publish: rank 0
+                "ivfpq": stages[f"{SEARCHES['ivfpq']}: publish"]["seconds"] / blocks,
+            }
+        print(f"{blocks:,} blocks; fp32 embeddings: {blocks * 128 * 4 / 2**20:.0f} MB", flush=True)
 
     print("\n| blocks | stage | seconds | µs a block | peak RSS MB | search |")
     print("|---:|---|---:|---:|---:|---|")
     for blocks, name, seconds, micro, rss, note in rows:
         print(f"| {blocks:,} | {name} | {seconds} | {micro} | {rss:.0f} | {note} |")
+    if not args.search_only:
+        report_growth(cost, sizes)
+
+
+def build_stages(work: Path, size: int, first: bool, cost: dict) -> dict:
+    """Documents, corpus and the flat index at one size (at the first size also the 2-rank build and MiniLM)."""
+    work.mkdir(parents=True, exist_ok=True)
+    docs = child("docs", work, "--size", str(size))
+    stages = {"corpus build": child("corpus", work), "index build (flat)": child("index", work)}
+    blocks = stages["corpus build"]["blocks"]
+    print(f"{blocks:,} blocks from {docs['documents']:,} documents", flush=True)
+    if first:
+        stages["index build, torchrun 2 ranks"] = child("index", work, "--out", "index2", ranks=2)
+        one = np.load(work / "index" / "versions" / "v000001" / "embeddings.npy", mmap_mode="r")
+        two = np.load(work / "index2" / "versions" / "v000001" / "embeddings.npy", mmap_mode="r")
+        gap = np.abs(one.astype(np.float32) - two.astype(np.float32))
+        print(
+            f"2 ranks (1 thread each) vs 1 process (2 threads) at {blocks:,} blocks: {np.mean(gap > 0):.2%} of "
+            f"values differ, by at most {gap.max():.2g} (bf16 rounding across thread counts)",
+            flush=True,
+        )
+        cost["minilm"] = child("minilm", work)["s_per_block"]
+    return stages
+
+
+def report_growth(cost: dict, sizes: list[int]) -> None:
+    """How each stage's cost a block grows with size, and the projection to REALM's 13.3M blocks."""
     if len(sizes) > 1:
         small, large = cost[sizes[0]], cost[sizes[-1]]
         print("\ngrowth: cost a block at the largest size / at the smallest (1.00 = linear)")

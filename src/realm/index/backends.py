@@ -112,7 +112,7 @@ class ExactSearch:
     chunks, so the (Q, N) score matrix never exists in full. On a GPU they are copied to its memory once; on a CPU
     they stay where they are (a memory-mapped fp16 file: RAM holds one chunk in fp32 and the pages read)."""
 
-    def __init__(self, vectors: np.ndarray, device: str | None = None, chunk_rows: int = 1 << 18):
+    def __init__(self, vectors: np.ndarray, device: str | None = None, chunk_rows: int = 1 << 16):
         import torch
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
