@@ -316,14 +316,14 @@ def test_messages_say_what_happened(tmp_path, capsys, tiny_corpus, monkeypatch):
     error = _one_error_line(capsys)
     assert "Invalid control character at column" in error and "at at" not in error
     # a build resumed from finished shards says so instead of an absurd rate
-    import realm.index.mips as mips
+    import realm.index.build as build
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt  # after every shard was written, before the version was published
 
     argv = ["index", "build", "--corpus", str(tiny_corpus.folder), "--model", "minilm", "--out", str(tmp_path / "i")]
     with monkeypatch.context() as patch:
-        patch.setattr(mips, "publish", killed)
+        patch.setattr(build, "publish", killed)
         assert main([*argv, "--quiet"]) == 130
     capsys.readouterr()
     assert main([*argv, "--quiet"]) == 0
