@@ -182,6 +182,8 @@ def test_eval_qa_and_ask_commands(tmp_path, tiny_qa, capsys, monkeypatch):
         assert summary["exact_match"] == pytest.approx(
             100 * sum(is_exact_match(p["prediction"], QUESTIONS[i]) for i, p in enumerate(predictions)) / 5
         )
+        low, high = summary["exact_match_95ci"]
+        assert low <= summary["exact_match"] <= high and 0 <= low and high <= 100
         assert all(len(p["evidence"]) == 3 or retriever == "bm25" for p in predictions)
     assert (
         main(["ask", "What is the capital of Japan?", "--model", str(model_dir), "--index", str(index_dir), "--quiet"])

@@ -11,6 +11,7 @@ from pathlib import Path
 from realm.common.io import write_atomic
 from realm.data.qa_examples import QAExample, is_exact_match
 from realm.eval.answerer import Answer, Answerer
+from realm.eval.intervals import bootstrap_interval
 from realm.eval.retrieval import recall_at_k
 
 
@@ -18,7 +19,8 @@ def evaluate_qa(
     answerer: Answerer, examples: Sequence[QAExample], recall_ks: Sequence[int], predictions: Path | None = None
 ) -> dict:
     """Exact match and recall@k on `examples` (one search serves both); optionally a predictions JSONL with
-    each question's answer, score and evidence. Returns the summary (percentages rounded to 0.01)."""
+    each question's answer, score and evidence. Returns the summary (percentages rounded to 0.01), with the 95%
+    bootstrap interval of the exact match over questions."""
     from realm.index.search import search_all
 
     ks = sorted(set(recall_ks) | {answerer.k})
@@ -48,8 +50,10 @@ def evaluate_qa(
             for e, a, ok in zip(examples, answers, correct)
         ]
         write_atomic(Path(predictions), lambda tmp: tmp.write_text("".join(lines)))
+    low, high = bootstrap_interval([100.0 * ok for ok in correct])
     return {
         "exact_match": round(100.0 * sum(correct) / len(examples), 2),
+        "exact_match_95ci": [round(low, 2), round(high, 2)],
         **{name: round(value, 2) for name, value in recall_at_k(examples, hits, ks).items()},
         "questions": len(examples),
         "reader_top_k": answerer.k,
