@@ -17,8 +17,8 @@ imports the same modules (`import`).
                RAM (faiss), flat scanned from the memory map, ivfpq with exact rerank, hnsw; recall@10 against
                exact search in RAM
 
-    python benchmarks/scale.py --sizes 100000,1000000 --work /tmp/scale
-    python benchmarks/scale.py --sizes 100000,1000000 --work /tmp/scale --search-only   # the search part again
+    python benchmarks/scale.py --sizes 100000,1000000 --work data/scale
+    python benchmarks/scale.py --sizes 100000,1000000 --work data/scale --search-only   # the search part again
 """
 
 from __future__ import annotations

@@ -128,20 +128,10 @@ def tiny_index_config(**changes) -> IndexConfig:
 
 def build_tiny_index(store, retriever, index_dir: Path, replace_model: bool = False, **index_changes):
     """Embed `store` with `retriever`'s document tower and publish an index version (the tiny embed settings)."""
-    from realm.index.build import build_index
-    from realm.index.embed import BlockEmbedder
+    from realm.index.build import build_from_retriever
 
-    embedder = BlockEmbedder(retriever.doc_tower, retriever.tokenizer, store.config, TINY_EMBED)
-    return build_index(
-        store,
-        embedder,
-        retriever.doc_fingerprint(),
-        index_dir,
-        TINY_EMBED,
-        tiny_index_config(**index_changes),
-        retriever.config,
-        progress=False,
-        replace_model=replace_model,
+    return build_from_retriever(
+        retriever, store, index_dir, TINY_EMBED, tiny_index_config(**index_changes), replace_model=replace_model
     )
 
 

@@ -121,15 +121,15 @@ def embed_shards(
 def merge_shards(paths: list[Path], out: Path) -> np.ndarray:
     """The shards as one (N, D) .npy file at `out`, copied through a memory map (no (N, D) array in RAM: a 13M-block
     corpus's fp16 embeddings are 3.4 GB); returns it memory-mapped, read-only."""
-    shapes = [np.load(path, mmap_mode="r").shape for path in paths]
-    dtype = np.load(paths[0], mmap_mode="r").dtype
+    shards = [np.load(path, mmap_mode="r") for path in paths]  # headers only: the rows stay on disk
 
     def write(partial: Path) -> None:
-        merged = np.lib.format.open_memmap(partial, "w+", dtype, (sum(s[0] for s in shapes), shapes[0][1]))
+        shape = (sum(len(shard) for shard in shards), shards[0].shape[1])
+        merged = np.lib.format.open_memmap(partial, "w+", shards[0].dtype, shape)
         row = 0
-        for path, (count, _) in zip(paths, shapes):
-            merged[row : row + count] = np.load(path, mmap_mode="r")
-            row += count
+        for shard in shards:
+            merged[row : row + len(shard)] = shard
+            row += len(shard)
         merged.flush()
         del merged
 
