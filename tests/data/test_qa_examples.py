@@ -49,8 +49,24 @@ def test_has_answer_regex():
 def test_exact_match():
     assert is_exact_match("the Denver Broncos.", QAExample("q", ("Denver Broncos",)))
     assert not is_exact_match("Broncos", QAExample("q", ("Denver Broncos",)))
-    assert is_exact_match("September", QAExample("q", (r"Sept?(ember)?|Feb(ruary)?",), regex=True))
-    assert not is_exact_match("September 5", QAExample("q", (r"Sept?(ember)?|Feb(ruary)?",), regex=True))
+
+
+def test_regex_exact_match_is_orqa_regex_match_score():
+    """ORQA's regex_match_score: re.match (anchored at the start, not at the end) with IGNORECASE | UNICODE |
+    MULTILINE on the raw prediction; a broken pattern never matches."""
+
+    def scored(prediction: str, *patterns: str) -> bool:
+        return is_exact_match(prediction, QAExample("q", patterns, regex=True))
+
+    assert scored("Atlantic Ocean", "Atlantic")  # a prefix match counts (fullmatch would not)
+    assert scored("September 5", r"Sept?(ember)?|Feb(ruary)?")
+    assert scored("atlantic", "Atlantic")  # IGNORECASE
+    assert scored("Zürich", "zürich")  # UNICODE
+    assert scored("Atlantic\nOcean", "Atlantic$")  # MULTILINE: $ also before a newline
+    assert not scored("the Atlantic", "Atlantic")  # anchored at the start of the prediction
+    assert not scored("North Atlantic", "Atlantic")
+    assert not scored("Atlantic", "(unclosed")
+    assert scored("Atlantic", "(unclosed", "Atl")  # any pattern of the list
 
 
 def _hit(text: str) -> SearchHit:

@@ -13,6 +13,7 @@ from transformers import BertModel
 
 from realm.config import EmbedConfig
 from realm.index.embed import BlockEmbedder
+from realm.models.encoder import encode
 from realm.models.retriever import Retriever, pool
 
 
@@ -21,6 +22,20 @@ def test_pool_mean_ignores_padding():
     mask = torch.tensor([[1, 1, 0]])
     assert torch.equal(pool(hidden, mask, "mean"), torch.tensor([[2.0, 2.0]]))
     assert torch.equal(pool(hidden, mask, "cls"), torch.tensor([[1.0, 1.0]]))
+
+
+def test_mean_pooling_leaves_mask_positions_out(tiny_retriever):
+    """A masked query is embedded by the words it has: [MASK] positions are not averaged in (see the module doc)."""
+    tower = tiny_retriever.query_tower.eval()
+    inputs = tiny_retriever.encode_queries(["who wrote [MASK] [MASK] in 1600?"])
+    mask_id = tiny_retriever.tokenizer.mask_token_id
+    assert (inputs["input_ids"] == mask_id).sum() == 2
+    with torch.no_grad():
+        hidden = encode(tower.bert, **inputs)
+        kept = pool(hidden, inputs["attention_mask"] * (inputs["input_ids"] != mask_id), "mean")
+        averaged_in = pool(hidden, inputs["attention_mask"], "mean")
+        assert torch.allclose(tower(**inputs), tower.layer_norm(tower.projection(kept)), atol=1e-5)
+        assert not torch.allclose(tower(**inputs), tower.layer_norm(tower.projection(averaged_in)), atol=1e-3)
 
 
 def test_towers_project_to_layer_normed_128d_shape(tiny_retriever):

@@ -14,9 +14,9 @@ from realm.cli.main import main
 from realm.data.qa_examples import QAExample, is_exact_match, normalize_answer
 from realm.eval.answerer import Answerer, load_answerer
 from realm.index.search import BM25Searcher, DenseSearcher
-from realm.models.orqa import marginal_answer_log_likelihood, qa_loss
+from realm.models.orqa import joint_log_probs, marginal_answer_log_likelihood, qa_loss
 from realm.models.retriever import Retriever
-from realm.models.span_reader import block_spans, matching_spans, span_log_probs
+from realm.models.span_reader import block_spans, matching_spans
 from realm.recipes.finetune_qa import train_qa
 
 PRESET = TINY_QA_PRESET
@@ -30,49 +30,52 @@ QUESTIONS = [
 ]
 
 
-def test_marginal_over_blocks_and_spans_matches_hand_computation():
+def test_joint_normalisation_over_blocks_and_spans_matches_hand_computation():
+    """ORQA's joint_logits: one softmax over f(x, z) + S(s) for every span of every top-k block."""
     f_beam = torch.tensor([[1.0, 0.0, -1.0]])  # beam of 3; the top 2 go to the reader
-    scores = torch.tensor([[2.0, 0.0, 1.0], [0.5, 0.5, 0.0]])  # (K=2, S=3) span scores
-    valid = torch.tensor([[True, True, True], [True, True, False]])
+    scores = torch.tensor([[[2.0, 0.0, 1.0], [0.5, 0.5, 0.0]]])  # (B=1, K=2, S=3) span scores
+    valid = torch.tensor([[[True, True, True], [True, True, False]]])  # the third span of z1 is padding
     match = torch.tensor([[[False, True, False], [True, False, False]]])  # span 1 of z0, span 0 of z1
     beam_answer = torch.tensor([[False, True, True]])
-    log_ps = span_log_probs(scores, valid).view(1, 2, 3)
-    loss, stats = qa_loss(f_beam, torch.ones(1, 3, dtype=torch.bool), beam_answer, log_ps, match)
+    loss, stats = qa_loss(f_beam, torch.ones(1, 3, dtype=torch.bool), beam_answer, scores, valid, match)
 
-    pz = [math.exp(1) / (math.exp(1) + 1), 1 / (math.exp(1) + 1)]
-    ps0 = [math.exp(s) / sum(math.exp(t) for t in (2.0, 0.0, 1.0)) for s in (2.0, 0.0, 1.0)]
-    ps1 = [0.5, 0.5]  # the third span of z1 is padding
-    p_answer = pz[0] * ps0[1] + pz[1] * ps1[0]
+    joint = [math.exp(1.0 + s) for s in (2.0, 0.0, 1.0)] + [math.exp(0.0 + s) for s in (0.5, 0.5)]
+    p_answer = (joint[1] + joint[3]) / sum(joint)
     beam = [math.exp(v) for v in (1.0, 0.0, -1.0)]
     p_beam = (beam[1] + beam[2]) / sum(beam)
     assert stats["reader_loss"].item() == pytest.approx(-math.log(p_answer), rel=1e-5)
     assert stats["retrieval_loss"].item() == pytest.approx(-math.log(p_beam), rel=1e-5)
     assert loss.item() == pytest.approx(-math.log(p_answer) - math.log(p_beam), rel=1e-5)
-    assert marginal_answer_log_likelihood(torch.log(torch.tensor([pz])), log_ps, match).exp().item() == pytest.approx(
-        p_answer, rel=1e-5
-    )
+    log_joint = joint_log_probs(f_beam[:, :2], scores, valid)
+    assert marginal_answer_log_likelihood(log_joint, match).exp().item() == pytest.approx(p_answer, rel=1e-5)
+    assert log_joint[0, 1, 2].item() == float("-inf") and log_joint.exp().sum().item() == pytest.approx(1.0)
+    assert stats["train_em"].item() == 0.0  # the best (z, s) is span 0 of z0, not an answer
+
+
+def test_span_scores_rank_blocks_under_joint_normalisation():
+    """A block the retriever ranks lower wins when its spans score higher: per-block normalisation could not
+    tell the two blocks apart (each would spend all its mass on its best span)."""
+    block_logits = torch.tensor([[1.0, 0.0]])
+    scores = torch.tensor([[[0.0, 0.0], [6.0, 0.0]]])  # (1, K=2, S=2): only z1 has a confident span
+    valid = torch.ones(1, 2, 2, dtype=torch.bool)
+    p = joint_log_probs(block_logits, scores, valid).exp()[0]
+    assert p[1].sum() > 0.9 and p[1, 0] > p[0].max() * 50
 
 
 def test_unanswerable_examples_add_nothing_and_keep_gradients_finite():
     f_beam = torch.zeros(2, 3, requires_grad=True)
-    scores = torch.randn(4, 5, requires_grad=True)  # B=2, K=2
-    valid = torch.ones(4, 5, dtype=torch.bool)
-    valid[3] = False  # a block with no span at all (empty body)
+    scores = torch.randn(2, 2, 5, requires_grad=True)  # B=2, K=2
+    valid = torch.ones(2, 2, 5, dtype=torch.bool)
+    valid[1, 1] = False  # a block with no span at all (empty body)
     match = torch.zeros(2, 2, 5, dtype=torch.bool)
     match[0, 0, 2] = True  # only the first example has an answer in its top 2 ...
     beam_answer = torch.tensor([[True, False, False], [False, False, False]])  # ... and in its beam
-    loss, stats = qa_loss(
-        f_beam, torch.ones(2, 3, dtype=torch.bool), beam_answer, span_log_probs(scores, valid).view(2, 2, 5), match
-    )
+    loss, stats = qa_loss(f_beam, torch.ones(2, 3, dtype=torch.bool), beam_answer, scores, valid, match)
     loss.backward()
     assert torch.isfinite(f_beam.grad).all() and torch.isfinite(scores.grad).all()
-    assert scores.grad[2:].abs().sum() == 0 and f_beam.grad[1].abs().sum() == 0  # example 2 contributes nothing
+    assert scores.grad[1].abs().sum() == 0 and f_beam.grad[1].abs().sum() == 0  # example 2 contributes nothing
     alone, _ = qa_loss(
-        f_beam[:1],
-        torch.ones(1, 3, dtype=torch.bool),
-        beam_answer[:1],
-        span_log_probs(scores[:2], valid[:2]).view(1, 2, 5),
-        match[:1],
+        f_beam[:1], torch.ones(1, 3, dtype=torch.bool), beam_answer[:1], scores[:1], valid[:1], match[:1]
     )
     assert loss.item() == pytest.approx(alone.item() / 2, rel=1e-5)  # summed over answerable, divided by B
     assert stats["answer_in_top_k"].item() == 0.5

@@ -1,8 +1,10 @@
 """Open-QA pairs and answer matching: the spec's answer normalisation, exact match, answer-in-text.
 
 Plain answers are compared after normalisation (lowercase, no punctuation, no articles, whitespace
-collapsed). `*.regex.jsonl` answers are regular expressions (CuratedTrec), matched against the raw
-NFD text case-insensitively; a pattern that does not compile is reported and never matches.
+collapsed). `*.regex.jsonl` answers are regular expressions (CuratedTrec), scored as ORQA's
+`regex_match_score`: compiled with IGNORECASE | UNICODE | MULTILINE and matched at the *start* of the raw
+prediction (`re.match`, so "Atlantic Ocean" matches `Atlantic`); a pattern that does not compile is reported
+and never matches. Recall (does a block hold the answer) searches the NFD text anywhere, as DrQA does.
 """
 
 from __future__ import annotations
@@ -62,12 +64,21 @@ def has_answer(text: str, example: QAExample) -> bool:
 
 
 def is_exact_match(prediction: str, example: QAExample) -> bool:
-    """Exact match after normalisation (regex answers: the whole prediction must match)."""
+    """Exact match after normalisation; regex answers: ORQA's `regex_match_score`, a match at the start of the
+    raw prediction."""
     if example.regex:
-        raw = unicodedata.normalize("NFD", prediction).strip()
-        return any((rx := _compile(pattern)) is not None and rx.fullmatch(raw) for pattern in example.answers)
+        return any((rx := _compile(pattern)) is not None and rx.match(prediction) for pattern in example.answers)
     prediction = normalize_answer(prediction)
     return any(prediction == normalize_answer(answer) for answer in example.answers)
+
+
+def is_answer_span(text: str, example: QAExample) -> bool:
+    """Training label of a span: exact match, but a regex answer must match the whole span. Stricter than the
+    scoring's prefix match, so the reader learns where an answer ends ("1685", not "1685, and died")."""
+    if example.regex:
+        raw = unicodedata.normalize("NFD", text).strip()
+        return any((rx := _compile(pattern)) is not None and rx.fullmatch(raw) for pattern in example.answers)
+    return is_exact_match(text, example)
 
 
 def load_qa(path: str | Path) -> list[QAExample]:

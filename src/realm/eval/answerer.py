@@ -1,6 +1,6 @@
 """Questions in, answers with their evidence out: retrieve the top-k blocks, read their spans, marginalise.
 
-    p(y | x) = sum over blocks z and spans s of z reading as y of p(z | x) p(s | z, x)
+    p(y | x) = sum over blocks z and spans s of z reading as y of p(z, s | x)     # models/orqa.py
 
 The answer is the string with the highest p(y | x); each block's evidence says how much of it came from there.
 """
@@ -17,14 +17,9 @@ import torch
 from realm.data.qa_examples import QAExample, normalize_answer
 from realm.index.mips import MipsIndex
 from realm.index.search import BM25Searcher, Searcher, SearchHit
-from realm.models.orqa import QAModel, marginal_answer_log_likelihood
+from realm.models.orqa import QAModel, joint_log_probs, marginal_answer_log_likelihood
 from realm.models.retriever import Retriever
-from realm.models.span_reader import (
-    BlockSpans,
-    matching_spans,
-    reader_batch,
-    span_log_probs,
-)
+from realm.models.span_reader import BlockSpans, matching_spans, reader_batch
 
 SPANS_PER_BLOCK = 32  # spans per block considered as answer strings at prediction time
 
@@ -35,8 +30,8 @@ class Evidence:
     doc_id: str
     title: str
     text: str
-    retrieval_prob: float  # p(z | x) among the top k
-    answer_prob: float  # p(z | x) * sum of p(s | z, x) over the spans of z that read as the answer
+    retrieval_prob: float  # p(z | x) among the top k, from the retrieval scores alone
+    answer_prob: float  # sum of p(z, s | x) over the spans s of z that read as the answer
     answer_span: tuple[int, int] | None  # character offsets of the best such span in `text`
 
 
@@ -52,11 +47,15 @@ class Answer:
 
 
 def compose_answer(
-    question: str, hits: Sequence[SearchHit], blocks: Sequence[BlockSpans], log_pz: torch.Tensor, log_ps: torch.Tensor
+    question: str,
+    hits: Sequence[SearchHit],
+    blocks: Sequence[BlockSpans],
+    block_logits: torch.Tensor,
+    log_joint: torch.Tensor,
 ) -> Answer:
     """The answer string with the highest marginal p(y | x) among each block's top spans, with its evidence.
-    log_pz (K,); log_ps (K, S)."""
-    pz = log_pz.exp().tolist()
+    block_logits (K,) the retrieval logits; log_joint (K, S) log p(z, s | x)."""
+    pz = torch.softmax(block_logits.float(), 0).tolist()
     totals: dict[str, float] = {}  # normalised answer -> p(y | x)
     shown: dict[str, str] = {}  # normalised answer -> its text as first read
     per_block: list[dict[str, tuple[float, tuple[int, int]]]] = []  # normalised answer -> (sum p(s|z,x), best span)
@@ -64,7 +63,7 @@ def compose_answer(
         found: dict[str, tuple[float, tuple[int, int]]] = {}
         count = min(SPANS_PER_BLOCK, len(spans.spans))
         if count:
-            top = torch.topk(log_ps[z, : len(spans.spans)], count)
+            top = torch.topk(log_joint[z, : len(spans.spans)], count)
             for lp, s in zip(top.values.tolist(), top.indices.tolist()):
                 text = spans.text(hit.text, spans.spans[s])
                 key = normalize_answer(text)
@@ -73,13 +72,13 @@ def compose_answer(
                     found[key] = (mass + float(np.exp(lp)), first)
                     shown.setdefault(key, text)
         for key, (mass, _) in found.items():
-            totals[key] = totals.get(key, 0.0) + pz[z] * mass
+            totals[key] = totals.get(key, 0.0) + mass
         per_block.append(found)
     best = max(totals, key=lambda answer: totals[answer]) if totals else ""
     evidence = []
     for z, hit in enumerate(hits):
         mass, span = per_block[z].get(best, (0.0, None))  # type: ignore[arg-type]  # (0, None): not in this block
-        evidence.append(Evidence(hit.block_id, hit.doc_id, hit.title, hit.text, pz[z], pz[z] * mass, span))
+        evidence.append(Evidence(hit.block_id, hit.doc_id, hit.title, hit.text, pz[z], mass, span))
     return Answer(question, shown.get(best, ""), totals.get(best, 0.0), evidence)
 
 
@@ -121,8 +120,10 @@ class Answerer:
             answers += self.read(part, self.searcher.batch_search(part, self.k))
         return answers
 
-    def _log_ps(self, questions: Sequence[str], blocks: Sequence[Sequence[BlockSpans]]) -> torch.Tensor:
-        """log p(s | z, x) for every (question, block) row, in order: (sum of K, S)."""
+    def _span_scores(
+        self, questions: Sequence[str], blocks: Sequence[Sequence[BlockSpans]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """S(s) and span validity for every (question, block) row, in order: (sum of K, S) each."""
         batch = reader_batch(self.model.reader.tokenizer, self.model.question_ids(questions), blocks)
         device = next(self.model.parameters()).device
         batch = batch.to(device)
@@ -130,11 +131,11 @@ class Answerer:
             scores = self.model.reader(
                 **batch.inputs, starts=batch.starts, ends=batch.ends, span_valid=batch.span_valid
             )  # (N, S)
-        return span_log_probs(scores, batch.span_valid).cpu()
+        return scores.float().cpu(), batch.span_valid.cpu()
 
-    def _log_pz(self, hits: Sequence[SearchHit]) -> torch.Tensor:
-        logits = torch.zeros(len(hits)) if self.uniform_prior else torch.tensor([h.score for h in hits])
-        return torch.log_softmax(logits, 0)
+    def _block_logits(self, hits: Sequence[SearchHit]) -> torch.Tensor:
+        """(K,) f(x, z), or zeros (a uniform p(z | x)) when the searcher's scores only rank."""
+        return torch.zeros(len(hits)) if self.uniform_prior else torch.tensor([h.score for h in hits])
 
     @torch.inference_mode()
     def read(self, questions: Sequence[str], hits: Sequence[Sequence[SearchHit]]) -> list[Answer]:
@@ -143,13 +144,13 @@ class Answerer:
         answers: list[Answer | None] = [Answer(q, "", 0.0) if not row else None for q, row in zip(questions, hits)]
         asked = [b for b, row in enumerate(hits) if row]
         if asked:
-            log_ps = self._log_ps([questions[b] for b in asked], [blocks[b] for b in asked])
+            scores, valid = self._span_scores([questions[b] for b in asked], [blocks[b] for b in asked])
             row = 0
             for b in asked:
                 k = len(hits[b])
-                answers[b] = compose_answer(
-                    questions[b], hits[b], blocks[b], self._log_pz(hits[b]), log_ps[row : row + k]
-                )
+                block_logits = self._block_logits(hits[b])
+                log_joint = joint_log_probs(block_logits[None], scores[None, row : row + k], valid[None, row : row + k])
+                answers[b] = compose_answer(questions[b], hits[b], blocks[b], block_logits, log_joint[0])
                 row += k
         return [answer for answer in answers if answer is not None]  # every question has one by now
 
@@ -160,13 +161,14 @@ class Answerer:
         if not hits:
             return 0.0
         blocks = self.model.blocks([h.text for h in hits], self.max_block_tokens)
-        log_ps = self._log_ps([example.question], [blocks])  # (K, S)
-        match = torch.zeros_like(log_ps, dtype=torch.bool)
+        scores, valid = self._span_scores([example.question], [blocks])  # (K, S)
+        match = torch.zeros_like(valid)
         for z, (hit, spans) in enumerate(zip(hits, blocks)):
             match[z, : len(spans.spans)] = torch.tensor(matching_spans(hit.text, spans, example), dtype=torch.bool)
         if not match.any():
             return 0.0
-        return marginal_answer_log_likelihood(self._log_pz(hits)[None], log_ps[None], match[None]).exp().item()
+        log_joint = joint_log_probs(self._block_logits(hits)[None], scores[None], valid[None])
+        return marginal_answer_log_likelihood(log_joint, match[None]).exp().item()
 
 
 def open_searcher(index: MipsIndex, kind: str, retriever: Retriever, corpus: str | Path | None = None) -> Searcher:

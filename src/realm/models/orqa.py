@@ -3,12 +3,15 @@
 For a question x, retrieved blocks z_1..z_k (MIPS over the frozen document index) and spans s of z:
 
     f(x, z)            = Embed_input(x) · Embed_doc(z)             # Embed_doc(z) read from the index
-    log p(z | x)       = log_softmax_z f(x, z)                      # over the top k
     S(s)               = w · LayerNorm(ReLU(W_s h_start + W_e h_end))  # span hidden 256 (ORQA / REALM)
-    log p(s | z, x)    = log_softmax_s S(s)                         # over the spans of z (width <= W words)
-    log p(y | x)       = logsumexp_{z, s : text(s) ≡ y} [log p(z | x) + log p(s | z, x)]
+    log p(z, s | x)    = log_softmax_{(z, s)} [f(x, z) + S(s)]      # jointly over every span of the top k
+    log p(y | x)       = logsumexp_{z, s : text(s) ≡ y} log p(z, s | x)
 
-`≡` is exact match after the spec's normalisation (a full regex match for *.regex.jsonl answers).
+The joint normalisation is the released ORQA/REALM code's (`joint_logits` = retrieval logit + span logit,
+one softmax over all blocks and spans): the reader's span scores also rank the blocks, so a block without
+the answer can lose to one with it that the retriever ranked lower. (Normalising the spans within each
+block instead, p(z | x) p(s | z, x), makes every block spend its whole mass on some span.)
+`≡` is exact match after the spec's normalisation (ORQA's `regex_match_score` for *.regex.jsonl answers).
 Fine-tuning keeps the document index frozen and trains the query tower and the reader. As in ORQA,
 an example none of whose top-k blocks holds a matching span has no reader loss (log 0 is undefined);
 every example whose answer appears in the retrieval beam (top `beam` blocks) adds the early-update
@@ -31,15 +34,20 @@ from realm.models.span_reader import (
     ReaderBatch,
     SpanReader,
     block_spans,
-    span_log_probs,
 )
 
 
-def marginal_answer_log_likelihood(log_pz: torch.Tensor, log_ps: torch.Tensor, match: torch.Tensor) -> torch.Tensor:
-    """log p(y | x) = logsumexp over matching (z, s) of log p(z | x) + log p(s | z, x).
-    log_pz (B, K); log_ps (B, K, S); match (B, K, S) bool -> (B,); about MASKED where nothing matches."""
-    joint = (log_pz.unsqueeze(-1) + log_ps).masked_fill(~match, MASKED)  # (B, K, S)
-    return torch.logsumexp(joint.flatten(1), dim=-1)
+def joint_log_probs(block_logits: torch.Tensor, span_scores: torch.Tensor, span_valid: torch.Tensor) -> torch.Tensor:
+    """log p(z, s | x) = log_softmax over every valid (z, s) of f(x, z) + S(s).
+    block_logits (B, K); span_scores, span_valid (B, K, S) -> (B, K, S), -inf at padding spans."""
+    joint = (block_logits.float().unsqueeze(-1) + span_scores.float()).masked_fill(~span_valid, MASKED)  # (B, K, S)
+    return torch.log_softmax(joint.flatten(1), dim=-1).view_as(joint).masked_fill(~span_valid, float("-inf"))
+
+
+def marginal_answer_log_likelihood(log_joint: torch.Tensor, match: torch.Tensor) -> torch.Tensor:
+    """log p(y | x) = logsumexp over matching (z, s) of log p(z, s | x).
+    log_joint, match (B, K, S) -> (B,); about MASKED where nothing matches."""
+    return torch.logsumexp(log_joint.masked_fill(~match, MASKED).flatten(1), dim=-1)
 
 
 @dataclass
@@ -66,24 +74,24 @@ def qa_loss(
     f_beam: torch.Tensor,
     beam_valid: torch.Tensor,
     beam_answer: torch.Tensor,
-    log_ps: torch.Tensor,
+    span_scores: torch.Tensor,
+    span_valid: torch.Tensor,
     span_match: torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """f_beam (B, R) f(x, z) over the beam; log_ps (B, K, S) for its top K; span_match (B, K, S).
-    Reader loss on examples with a matching span in the top K; early-update retrieval loss on examples
-    with an answer in the beam; both summed over those examples and divided by the batch size."""
-    batch_size, k, _ = log_ps.shape
+    """f_beam (B, R) retrieval logits over the beam, best first; span_scores, span_valid, span_match (B, K, S)
+    for its top K. Reader loss on examples with a matching span in the top K; early-update retrieval loss on
+    examples with an answer in the beam; both summed over those examples and divided by the batch size."""
+    batch_size, k, _ = span_scores.shape
     f_beam = f_beam.float().masked_fill(~beam_valid, MASKED)
-    log_pz = torch.log_softmax(f_beam[:, :k], dim=-1)  # (B, K)
-    answer_ll = marginal_answer_log_likelihood(log_pz, log_ps, span_match)  # (B,)
+    log_joint = joint_log_probs(f_beam[:, :k], span_scores, span_valid)  # (B, K, S)
+    answer_ll = marginal_answer_log_likelihood(log_joint, span_match)  # (B,)
     readable = span_match.flatten(1).any(-1)
     beam_ll = torch.logsumexp(torch.log_softmax(f_beam, -1).masked_fill(~beam_answer, MASKED), dim=-1)  # (B,)
     in_beam = beam_answer.any(-1)
     reader_loss = -(answer_ll * readable).sum() / batch_size
     retrieval_loss = -(beam_ll * in_beam).sum() / batch_size
     with torch.no_grad():
-        joint = (log_pz.unsqueeze(-1) + log_ps).flatten(1)  # (B, K*S)
-        em = span_match.flatten(1).gather(1, joint.argmax(-1, keepdim=True)).float().mean()
+        em = span_match.flatten(1).gather(1, log_joint.flatten(1).argmax(-1, keepdim=True)).float().mean()
     stats = {
         "reader_loss": reader_loss.detach(),
         "retrieval_loss": retrieval_loss.detach(),
@@ -140,14 +148,14 @@ class QAModel(nn.Module):
             ends=batch.reader.ends,
             span_valid=batch.reader.span_valid,
         )  # (B*K, S)
-        log_ps = span_log_probs(scores, batch.reader.span_valid)
-        batch_size = len(q)
+        shape = (len(q), -1, scores.size(-1))  # (B, K, S)
         return qa_loss(
             f_beam,
             batch.beam_valid,
             batch.beam_answer,
-            log_ps.view(batch_size, -1, log_ps.size(-1)),
-            batch.span_match.view(batch_size, -1, log_ps.size(-1)),
+            scores.view(shape),
+            batch.reader.span_valid.view(shape),
+            batch.span_match.view(shape),
         )
 
     def question_ids(self, questions: Sequence[str]) -> list[list[int]]:

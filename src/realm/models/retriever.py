@@ -11,6 +11,9 @@ mean. The warm-start projection is one random orthogonal map shared by both towe
 its own copy): inner products of LayerNorm'd orthogonal projections approximate MiniLM's cosine
 similarity (Johnson-Lindenstrauss), so the untrained retriever already retrieves sensibly; the
 LayerNorm gain starts at sqrt(20 / 128) so that f(x, z) ≈ 20 · cos, MiniLM's training scale.
+Mean pooling leaves `[MASK]` positions out: a masked pretraining query is embedded by the words it has.
+MiniLM never saw `[MASK]`; averaging those positions in pulled masked queries onto a few hub blocks
+(docs/results.md, "Hubness"). Documents hold no `[MASK]`, so the document side is unchanged.
 
 A checkpoint is a folder:
     realm.json                      format version, RetrieverConfig
@@ -60,12 +63,13 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> to
 
 
 class Tower(nn.Module):
-    """One embedder: BERT, pooling, then dense -> LayerNorm to `proj_dim`."""
+    """One embedder: BERT, pooling (mean pooling skips `mask_token_id`), then dense -> LayerNorm to `proj_dim`."""
 
-    def __init__(self, bert: BertModel, proj_dim: int, pooling: str, dropout: float):
+    def __init__(self, bert: BertModel, proj_dim: int, pooling: str, dropout: float, mask_token_id: int):
         super().__init__()
         self.bert = bert
         self.pooling = pooling
+        self.mask_token_id = mask_token_id
         self.dropout = nn.Dropout(dropout)
         self.projection = nn.Linear(bert.config.hidden_size, proj_dim)
         self.layer_norm = nn.LayerNorm(proj_dim)
@@ -74,7 +78,7 @@ class Tower(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
     ) -> torch.Tensor:
         hidden = encode(self.bert, input_ids, attention_mask, token_type_ids)  # (B, L, H)
-        pooled = pool(hidden, attention_mask, self.pooling)  # (B, H)
+        pooled = pool(hidden, attention_mask * (input_ids != self.mask_token_id), self.pooling)  # (B, H)
         return self.layer_norm(self.projection(self.dropout(pooled)))  # (B, D)
 
     def projection_state(self) -> dict[str, torch.Tensor]:
@@ -114,7 +118,7 @@ class Retriever(nn.Module):
     def warm_start(cls, bert: BertModel, tokenizer: PreTrainedTokenizerBase, config: RetrieverConfig) -> Retriever:
         """Both towers from the same BERT, with one shared random orthogonal projection (see module doc)."""
         generator = torch.Generator().manual_seed(WARM_START_SEED)
-        query = Tower(bert, config.proj_dim, config.pooling, config.dropout)
+        query = Tower(bert, config.proj_dim, config.pooling, config.dropout, tokenizer.mask_token_id)
         nn.init.orthogonal_(query.projection.weight, generator=generator)
         nn.init.zeros_(query.projection.bias)
         nn.init.constant_(query.layer_norm.weight, math.sqrt(WARM_START_SCALE / config.proj_dim))
@@ -151,12 +155,15 @@ class Retriever(nn.Module):
         if meta.get("format_version") != CHECKPOINT_FORMAT:
             raise ValueError(f"{folder}: checkpoint format {meta.get('format_version')}, expected {CHECKPOINT_FORMAT}")
         config = RetrieverConfig.from_dict(meta["retriever"])
+        tokenizer = load_tokenizer(folder)
         towers = []
         for name in TOWERS:
-            tower = Tower(load_bert(folder / name), config.proj_dim, config.pooling, config.dropout)
+            tower = Tower(
+                load_bert(folder / name), config.proj_dim, config.pooling, config.dropout, tokenizer.mask_token_id
+            )
             tower.load_projection_state(load_file(folder / name / PROJECTION_FILE))
             towers.append(tower)
-        return cls(towers[0], towers[1], load_tokenizer(folder), config)
+        return cls(towers[0], towers[1], tokenizer, config)
 
     def save(self, folder: str | Path) -> None:
         """Write the checkpoint to a temporary sibling and swap it in, so a crash never leaves half a checkpoint."""

@@ -1,7 +1,6 @@
 """The span reader for open QA: BERT over `[CLS] x [SEP] body [SEP]` and a span head (ORQA / REALM).
 
-    S(s)            = w · LayerNorm(ReLU(W_s h_start + W_e h_end))   # span hidden 256
-    log p(s | z, x) = log_softmax_s S(s)                              # over the spans of z
+    S(s) = w · LayerNorm(ReLU(W_s h_start + W_e h_end))   # span hidden 256; normalised in models/orqa.py
 
 Spans are whole words of at most `max_span_width` wordpieces. Also the reader's inputs: a block tokenised
 with its candidate spans, and the padded batch of every (question, block) pair.
@@ -22,7 +21,7 @@ from transformers import BertModel, PreTrainedTokenizerBase
 from realm.common.io import write_dir_atomic
 from realm.common.tokenization import load_tokenizer, minilm_dir
 from realm.config import MINILM
-from realm.data.qa_examples import QAExample, has_answer, is_exact_match
+from realm.data.qa_examples import QAExample, has_answer, is_answer_span
 from realm.models.bert import load_bert
 from realm.models.encoder import encode, pad_rows
 from realm.models.inputs import pad_batch
@@ -145,10 +144,11 @@ def block_spans(tokenizer: PreTrainedTokenizerBase, body: str, max_tokens: int, 
 
 
 def matching_spans(body: str, spans: BlockSpans, example: QAExample) -> list[bool]:
-    """Which spans' text is a reference answer (skips the work when the block holds no answer at all)."""
+    """Which spans' text is a reference answer, as a training label (skips the work when the block holds no
+    answer at all)."""
     if not has_answer(body, example):
         return [False] * len(spans.spans)
-    return [is_exact_match(spans.text(body, s), example) for s in spans.spans]
+    return [is_answer_span(spans.text(body, s), example) for s in spans.spans]
 
 
 @dataclass
@@ -189,10 +189,3 @@ def reader_batch(
             ends[n, : len(spans)] = torch.tensor([e for _, e in spans])
             valid[n, : len(spans)] = True
     return ReaderBatch(pad_batch(ids, types, tokenizer.pad_token_id), starts, ends, valid)
-
-
-def span_log_probs(span_scores: torch.Tensor, span_valid: torch.Tensor) -> torch.Tensor:
-    """log p(s | z, x): softmax over each block's valid spans -> (N, S), -inf at padding."""
-    return torch.log_softmax(span_scores.masked_fill(~span_valid, MASKED), dim=-1).masked_fill(
-        ~span_valid, float("-inf")
-    )
