@@ -138,7 +138,9 @@ class QAConfig:
     head_lr_multiplier: float = 1.0  # the span head starts fresh
     retriever_lr: float | None = None  # the query tower; None: `lr`
     top_k: int = 5  # blocks given to the reader
-    beam: int = 5000  # blocks searched for the early-update retrieval loss
+    beam: int = 5000  # blocks searched for the early-update retrieval loss (hybrid: from each retriever)
+    retriever: str = "dense"  # dense | hybrid (dense + w · BM25 over the union of both top lists; w learned)
+    fusion_lr: float = 1e-2  # learning rate of the hybrid's BM25 weight w (one scalar: Adam moves it ~lr a step)
     span_hidden: int = 256
     max_span_width: int = 10
     steps: int | None = None  # None: `epochs` passes over the training questions (a budget may set fewer)

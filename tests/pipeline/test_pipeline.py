@@ -191,8 +191,20 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     gains = [math.log(e["p_with_top_block"]) - math.log(e["p_without_retrieval"]) for e in shown]
     assert len(shown) == 3 and gains == sorted(gains, reverse=True)  # where the top block helped most, first
     evaluation = json.loads((run / STAGES / "eval.json").read_text())["result"]
-    assert set(evaluation) == {"dense", "bm25", "zero_shot/off-the-shelf", "zero_shot/ICT", "zero_shot/REALM"}
-    assert (run / "eval" / "predictions_bm25.jsonl").read_text().count("\n") == len(QUESTIONS)
+    assert set(evaluation) == {
+        "dense",
+        "bm25",
+        "hybrid",
+        "paired",
+        "zero_shot/off-the-shelf",
+        "zero_shot/ICT",
+        "zero_shot/REALM",
+    }
+    for kind in ("dense", "bm25", "hybrid"):
+        assert (run / "eval" / f"predictions_{kind}.jsonl").read_text().count("\n") == len(QUESTIONS)
+    assert set(evaluation["paired"]) == {"dense - bm25", "hybrid - bm25", "hybrid - dense"}
+    qa_table = text.split("## Open-QA exact match")[1].split("##")[0]
+    assert "95% interval" in qa_table and "not retrieved" in qa_table and "| hybrid - bm25 |" in qa_table
     ablations = text.split("## Ablations")[1].split("##")[0]
     rows = [line for line in ablations.splitlines() if line.startswith(("| retriever |", "| masking |", "| index |"))]
     assert len(rows) == 3 and all(" vs " in row and "| 38.20 |" in row for row in rows)

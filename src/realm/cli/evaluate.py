@@ -9,7 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-from realm.cli.options import answerer_options, common, load_retriever, positive_int, positive_ints, resolve_preset
+from realm.cli.options import (
+    RETRIEVERS,
+    answerer_options,
+    common,
+    load_retriever,
+    positive_int,
+    positive_ints,
+    resolve_preset,
+)
 
 
 def _dense_searcher(args: argparse.Namespace):
@@ -39,21 +47,26 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     from realm.data.qa_examples import load_qa
     from realm.eval.retrieval import recall_at_k
     from realm.index.mips import MipsIndex
-    from realm.index.search import BM25Searcher, search_all
+    from realm.index.search import BM25Searcher, HybridSearcher, Searcher, search_all
+    from realm.models.orqa import bm25_weight_of
 
     ks = args.k
     examples = load_qa(args.qa)
     if args.limit:
         examples = examples[: args.limit]
     started = time.monotonic()
+    searcher: Searcher
     if args.retriever == "bm25":
         if not (args.corpus or args.index):
             raise ValueError("--retriever bm25 needs --corpus or --index (to find the corpus)")
         searcher = BM25Searcher(BlockStore(args.corpus) if args.corpus else MipsIndex(args.index).corpus())
     else:
         if not (args.index and args.model):
-            raise ValueError("the dense retriever needs --index and --model")
-        searcher = _dense_searcher(args)
+            raise ValueError(f"the {args.retriever} retriever needs --index and --model")
+        dense = _dense_searcher(args)
+        searcher = dense
+        if args.retriever == "hybrid":  # the BM25 weight a `train qa` output learned, else the default
+            searcher = HybridSearcher(dense, BM25Searcher(dense.store), bm25_weight_of(args.model))
     result = recall_at_k(examples, search_all(searcher, [e.question for e in examples], max(ks)), ks)
     seconds = time.monotonic() - started
     if args.json:
@@ -91,6 +104,22 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
             + ", ".join(f"{name} {value}" for name, value in summary.items() if name not in ("questions", "retriever"))
         )
         print(f"predictions: {args.out}")
+    return 0
+
+
+def cmd_eval_compare(args: argparse.Namespace) -> int:
+    from realm.eval.qa import compare_predictions
+
+    result = compare_predictions(Path(args.a), Path(args.b))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        low, high = result["difference_95ci"]
+        print(
+            f"exact match {result['exact_match_a']} ({args.a}) vs {result['exact_match_b']} ({args.b}) on "
+            f"{result['questions']} questions: difference {result['difference']:+.2f}, 95% interval "
+            f"[{low:+.2f}, {high:+.2f}]" + ("" if low > 0 or high < 0 else " (includes 0: no clear difference)")
+        )
     return 0
 
 
@@ -142,7 +171,7 @@ def add_commands(commands) -> None:
     retrieval.add_argument("--index", help="dense index (bm25: used to find the corpus)")
     retrieval.add_argument("--model")
     retrieval.add_argument("--corpus")
-    retrieval.add_argument("--retriever", choices=["dense", "bm25"], default="dense")
+    retrieval.add_argument("--retriever", choices=RETRIEVERS, default="dense")
     retrieval.add_argument("--k", type=positive_ints, default=[1, 5, 20, 100], help="cut-offs, e.g. 1,5,20")
     retrieval.add_argument("--limit", type=positive_int, help="only the first N questions")
     retrieval.add_argument("--json", action="store_true")
@@ -158,6 +187,15 @@ def add_commands(commands) -> None:
     eval_qa.add_argument("--json", action="store_true")
     common(eval_qa)
     eval_qa.set_defaults(run=cmd_eval_qa)
+
+    compare = evaluate.add_parser(
+        "compare", help="paired difference in exact match of two `eval qa` predictions files, with its interval"
+    )
+    compare.add_argument("a", help="predictions JSONL of system A")
+    compare.add_argument("b", help="predictions JSONL of system B (the same questions)")
+    compare.add_argument("--json", action="store_true")
+    common(compare)
+    compare.set_defaults(run=cmd_eval_compare)
 
     ask = commands.add_parser("ask", help="answer a question, with the evidence it used")
     ask.add_argument("question")

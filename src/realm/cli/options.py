@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # annotations only: importing them would load torch before --
     from realm.models.retriever import Retriever
 
 # section of the Preset -> {flag dest: field of that section}
+RETRIEVERS = ["dense", "bm25", "hybrid"]
 FLAG_FIELDS: dict[str, dict[str, str]] = {
     "corpus": {"max_block_tokens": "max_block_tokens"},
     "retriever": {"pooling": "pooling"},
@@ -44,7 +45,7 @@ FLAG_FIELDS: dict[str, dict[str, str]] = {
             "checkpoint_every",
         )
     },
-    "qa": {field: field for field in ("epochs", "batch_size", "lr", "top_k", "beam")},
+    "qa": {field: field for field in ("epochs", "batch_size", "lr", "retriever_lr", "top_k", "beam", "retriever")},
 }
 # sections every command may change through the flags it has (the trainers' sections only by their own command)
 SHARED_SECTIONS = ("corpus", "retriever", "embed", "index")
@@ -111,7 +112,10 @@ def answerer_options(parser: argparse.ArgumentParser) -> None:
         "(a version published later, e.g. by `index add`, is picked up by `serve`)",
     )
     parser.add_argument(
-        "--retriever", choices=["dense", "bm25"], default="dense", help="bm25: same reader, BM25 search"
+        "--retriever",
+        choices=RETRIEVERS,
+        default="dense",
+        help="bm25: same reader, BM25 search; hybrid: dense + w · BM25 over both top lists, w from fine-tuning",
     )
     parser.add_argument("--corpus", help="corpus folder, if it moved since the index was built")
     parser.add_argument("--top-k", type=positive_int, help="blocks given to the reader (default: preset)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 from pathlib import Path
 
@@ -17,6 +18,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     from realm.pipeline.run import Pipeline
 
     preset = get_preset(args.preset)
+    if args.retriever:
+        preset = dataclasses.replace(preset, qa=dataclasses.replace(preset.qa, retriever=args.retriever))
     budget = None if args.budget_minutes == 0 else (args.budget_minutes or preset.pipeline_budget_minutes)
     options = PipelineOptions(
         inputs=tuple(args.inputs),
@@ -42,6 +45,11 @@ def add_commands(commands) -> None:
     pipeline.add_argument("--warm-start", default=MINILM, help="retriever towers and reader to start from")
     pipeline.add_argument("--qa-train", help="open-QA training questions (JSONL): adds fine-tuning and evaluation")
     pipeline.add_argument("--qa-dev", help="open-QA dev questions (JSONL)")
+    pipeline.add_argument(
+        "--retriever",
+        choices=["dense", "hybrid"],
+        help="what QA fine-tuning retrieves with (default: preset); evaluation reports dense, BM25 and hybrid",
+    )
     pipeline.add_argument(
         "--ablations",
         action="store_true",

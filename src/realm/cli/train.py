@@ -129,7 +129,13 @@ def add_commands(commands) -> None:
     qa.add_argument("--out", required=True)
     qa.add_argument("--epochs", type=positive_int)
     qa.add_argument("--batch-size", type=positive_int)
-    qa.add_argument("--lr", type=float)
+    qa.add_argument("--lr", type=float, help="reader learning rate (the fresh span head: x the preset's multiplier)")
+    qa.add_argument("--retriever-lr", type=float, help="query tower learning rate (default: preset)")
+    qa.add_argument(
+        "--retriever",
+        choices=["dense", "hybrid"],
+        help="dense, or hybrid: dense + w · BM25 over the union of both top lists, w learned (default: preset)",
+    )
     qa.add_argument("--top-k", type=positive_int, help="blocks given to the reader")
     qa.add_argument("--beam", type=positive_int, help="blocks searched for the retrieval loss")
     _resume_options(qa)

@@ -16,9 +16,8 @@ import torch
 
 from realm.data.qa_examples import QAExample, normalize_answer
 from realm.index.mips import MipsIndex
-from realm.index.search import BM25Searcher, Searcher, SearchHit
+from realm.index.search import BM25Searcher, DenseSearcher, HybridSearcher, Searcher, SearchHit
 from realm.models.orqa import QAModel, joint_log_probs, marginal_answer_log_likelihood
-from realm.models.retriever import Retriever
 from realm.models.span_reader import BlockSpans, matching_spans, reader_batch
 
 SPANS_PER_BLOCK = 32  # spans per block considered as answer strings at prediction time
@@ -171,12 +170,18 @@ class Answerer:
         return marginal_answer_log_likelihood(log_joint, match[None]).exp().item()
 
 
-def open_searcher(index: MipsIndex, kind: str, retriever: Retriever, corpus: str | Path | None = None) -> Searcher:
-    """Dense search over `index` (refuses an index built by another document tower), or BM25 over its blocks."""
-    from realm.index.search import DenseSearcher
-
+def open_searcher(index: MipsIndex, kind: str, model: QAModel, corpus: str | Path | None = None) -> Searcher:
+    """`dense` search over `index` (refuses an index built by another document tower), `bm25` over its blocks,
+    or `hybrid`: both, fused with the model's learned BM25 weight."""
     store = index.corpus(corpus)
-    return BM25Searcher(store) if kind == "bm25" else DenseSearcher(index, retriever, store)
+    if kind == "bm25":
+        return BM25Searcher(store)
+    dense = DenseSearcher(index, model.retriever, store)
+    if kind == "hybrid":
+        return HybridSearcher(dense, BM25Searcher(store), model.fusion_weight)
+    if kind != "dense":
+        raise ValueError(f"unknown retriever {kind!r}: expected dense, bm25 or hybrid")
+    return dense
 
 
 def load_answerer(
@@ -189,13 +194,13 @@ def load_answerer(
     version: int | None = None,
 ) -> Answerer:
     """Model + index version (default: CURRENT) -> an Answerer. `retriever="bm25"` keeps the reader and swaps
-    in BM25 over the same blocks."""
+    in BM25 over the same blocks; `"hybrid"` fuses both (index/search.py)."""
     from realm.common.device import default_device, resolve_compute_dtype
 
     index = MipsIndex(index_dir, version)
     config = index.retriever_config(preset.retriever)  # pooling etc. of the index's model
     model = QAModel.load(model_spec, config, preset.qa.span_hidden, preset.qa.max_span_width)
-    searcher = open_searcher(index, retriever, model.retriever, corpus)
+    searcher = open_searcher(index, retriever, model, corpus)
     device = default_device()
     dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
     return Answerer(

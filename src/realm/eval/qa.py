@@ -1,4 +1,9 @@
-"""Open-QA evaluation: exact match and recall@k of an answerer on QA pairs, and a predictions file."""
+"""Open-QA evaluation: exact match and recall@k of an answerer on QA pairs, where its errors are, and a
+predictions file.
+
+Every question falls in one of four outcomes: exact match; the answer not retrieved (no block given to the
+reader holds a reference answer); retrieved but not read (the prediction shares no word with a reference);
+read but not exact (it shares a word: the right place, wrong boundaries or form)."""
 
 from __future__ import annotations
 
@@ -9,18 +14,34 @@ from dataclasses import asdict
 from pathlib import Path
 
 from realm.common.io import write_atomic
-from realm.data.qa_examples import QAExample, is_exact_match
+from realm.data.qa_examples import QAExample, has_answer, is_exact_match, normalize_answer
 from realm.eval.answerer import Answer, Answerer
-from realm.eval.intervals import bootstrap_interval
+from realm.eval.intervals import bootstrap_interval, paired_difference
 from realm.eval.retrieval import recall_at_k
+
+OUTCOMES = ("exact_match", "not_retrieved", "retrieved_not_read", "read_not_exact")
+
+
+def outcome(prediction: str, example: QAExample, retrieved: bool) -> str:
+    """Which of OUTCOMES a prediction is (`retrieved`: a block given to the reader holds a reference answer)."""
+    if is_exact_match(prediction, example):
+        return "exact_match"
+    if not retrieved:
+        return "not_retrieved"
+    if example.regex:
+        overlaps = has_answer(prediction, example)
+    else:
+        words = set(normalize_answer(prediction).split())
+        overlaps = any(words & set(normalize_answer(answer).split()) for answer in example.answers)
+    return "read_not_exact" if overlaps else "retrieved_not_read"
 
 
 def evaluate_qa(
     answerer: Answerer, examples: Sequence[QAExample], recall_ks: Sequence[int], predictions: Path | None = None
 ) -> dict:
     """Exact match and recall@k on `examples` (one search serves both); optionally a predictions JSONL with
-    each question's answer, score and evidence. Returns the summary (percentages rounded to 0.01), with the 95%
-    bootstrap interval of the exact match over questions."""
+    each question's answer, score, outcome and evidence. Returns the summary (percentages rounded to 0.01), with
+    the 95% bootstrap interval of the exact match over questions and the percentage of each outcome."""
     from realm.index.search import search_all
 
     ks = sorted(set(recall_ks) | {answerer.k})
@@ -32,7 +53,9 @@ def evaluate_qa(
         answers += answerer.read(
             [e.question for e in part], [row[: answerer.k] for row in hits[start : start + len(part)]]
         )
-    correct = [is_exact_match(a.answer, e) for a, e in zip(answers, examples)]
+    retrieved = [any(has_answer(h.text, e) for h in row[: answerer.k]) for e, row in zip(examples, hits)]
+    outcomes = [outcome(a.answer, e, r) for a, e, r in zip(answers, examples, retrieved)]
+    correct = [o == "exact_match" for o in outcomes]
     if predictions is not None:
         lines = [
             json.dumps(
@@ -42,12 +65,13 @@ def evaluate_qa(
                     "prediction": a.answer,
                     "score": a.score,
                     "exact_match": ok,
+                    "outcome": what,
                     "evidence": [asdict(v) for v in a.evidence],
                 },
                 ensure_ascii=False,
             )
             + "\n"
-            for e, a, ok in zip(examples, answers, correct)
+            for e, a, ok, what in zip(examples, answers, correct, outcomes)
         ]
         write_atomic(Path(predictions), lambda tmp: tmp.write_text("".join(lines)))
     low, high = bootstrap_interval([100.0 * ok for ok in correct])
@@ -55,7 +79,34 @@ def evaluate_qa(
         "exact_match": round(100.0 * sum(correct) / len(examples), 2),
         "exact_match_95ci": [round(low, 2), round(high, 2)],
         **{name: round(value, 2) for name, value in recall_at_k(examples, hits, ks).items()},
+        "outcomes": {name: round(100.0 * outcomes.count(name) / len(examples), 2) for name in OUTCOMES},
         "questions": len(examples),
         "reader_top_k": answerer.k,
         "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def compare_predictions(a: Path, b: Path) -> dict:
+    """Exact match of two predictions files over the same questions, and their paired difference a - b with its
+    95% bootstrap interval (an interval that excludes 0: a real difference at that level)."""
+    rows = []
+    for path in (a, b):
+        scores = []
+        for lineno, line in enumerate(Path(path).read_text().splitlines(), start=1):
+            try:
+                record = json.loads(line)
+                scores.append((record["question"], 100.0 * bool(record["exact_match"])))
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{path}:{lineno}: not a predictions line of `realm eval qa`: {err!r}") from err
+        rows.append(scores)
+    if [q for q, _ in rows[0]] != [q for q, _ in rows[1]]:
+        raise ValueError(f"{a} and {b} do not hold the same questions in the same order")
+    (em_a, em_b) = ([v for _, v in r] for r in rows)
+    difference, (low, high) = paired_difference(em_a, em_b)
+    return {
+        "exact_match_a": round(sum(em_a) / len(em_a), 2),
+        "exact_match_b": round(sum(em_b) / len(em_b), 2),
+        "difference": round(difference, 2),
+        "difference_95ci": [round(low, 2), round(high, 2)],
+        "questions": len(em_a),
     }

@@ -1,6 +1,13 @@
-"""Typed search over a knowledge corpus: the dense REALM retriever, and BM25 as the sparse baseline.
+"""Typed search over a knowledge corpus: the dense REALM retriever, BM25, and the hybrid of the two.
 
-Both searchers answer `search(query, k)` and `batch_search(queries, k)` with `SearchHit`s, best first.
+Every searcher answers `search(query, k)` and `batch_search(queries, k)` with `SearchHit`s, best first.
+Hybrid retrieval takes the union of the dense and the BM25 top k and ranks it by
+
+    f_hybrid(x, z) = Embed_input(x) · Embed_doc(z) + w · BM25(x, z)
+
+with w learned in QA fine-tuning (models/orqa.py): the dense score of a BM25-only block comes from its
+stored vector, the BM25 score of a dense-only block from BM25 itself, so both terms are exact for every
+candidate. p(z | x) = softmax over the candidates of f_hybrid.
 """
 
 from __future__ import annotations
@@ -92,14 +99,74 @@ class BM25Searcher:
         self.model = bm25s.BM25()
         self.model.index(tokens, show_progress=False)
 
-    def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
-        k = min(k, len(self.ids))
+    @staticmethod
+    def _tokenize(queries: list[str]) -> list[list[str]]:
         import bm25s
 
-        tokens = bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
-        rows, scores = self.model.retrieve(tokens, k=k, show_progress=False, n_threads=0)
-        ids = np.where(scores > 0, self.ids[rows], -1)  # a block sharing no term with the query is not a hit
-        return _hits(self.store, scores, ids)
+        return bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
+
+    def top(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(Q, k) BM25 scores and block ids, best first; id -1 where a block shares no term with the query."""
+        k = min(k, len(self.ids))
+        rows, scores = self.model.retrieve(self._tokenize(queries), k=k, show_progress=False, n_threads=0)
+        return scores, np.where(scores > 0, self.ids[rows], -1)
+
+    def scores(self, queries: list[str], block_ids: np.ndarray) -> np.ndarray:
+        """(Q, R) BM25(x, z) of the given blocks (0 at id -1 and for blocks outside this knowledge)."""
+        rows = np.clip(np.searchsorted(self.ids, block_ids), 0, len(self.ids) - 1)  # (Q, R)
+        known = (block_ids >= 0) & (self.ids[rows] == block_ids)
+        out = np.zeros(block_ids.shape, dtype=np.float32)
+        for q, tokens in enumerate(self._tokenize(queries)):
+            if tokens:  # a query of stopwords only scores 0 everywhere
+                out[q] = np.where(known[q], self.model.get_scores(tokens)[rows[q]], 0.0)
+        return out
+
+    def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
+        return _hits(self.store, *self.top(queries, k))
+
+    def search(self, query: str, k: int) -> list[SearchHit]:
+        return self.batch_search([query], k)[0]
+
+
+def union_candidates(dense_ids: np.ndarray, sparse_ids: np.ndarray) -> np.ndarray:
+    """(Q, R1) and (Q, R2) block ids (-1: none) -> (Q, R1 + R2) their union per row, dense first, -1 padded."""
+    out = np.full((len(dense_ids), dense_ids.shape[1] + sparse_ids.shape[1]), -1, dtype=np.int64)
+    for q, (dense, sparse) in enumerate(zip(dense_ids, sparse_ids)):
+        row = list(dict.fromkeys(int(i) for i in (*dense, *sparse) if i >= 0))
+        out[q, : len(row)] = row
+    return out
+
+
+def hybrid_candidates(
+    index: MipsIndex, sparse: BM25Searcher, queries: list[str], vectors: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Query vectors (Q, D) -> the union of the dense and BM25 top k: block ids (Q, C), -1 padded, and their
+    BM25(x, z) (Q, C)."""
+    _, dense_ids = index.search(vectors, k)
+    ids = union_candidates(dense_ids, sparse.top(queries, k)[1])
+    return ids, sparse.scores(queries, ids)
+
+
+class HybridSearcher:
+    """The union of the dense and the BM25 top k, ranked by f(x, z) + w · BM25(x, z) (module doc)."""
+
+    scores_are_retrieval_logits = True
+
+    def __init__(self, dense: DenseSearcher, sparse: BM25Searcher, bm25_weight: float):
+        self.dense = dense
+        self.sparse = sparse
+        self.bm25_weight = bm25_weight
+        self.store = dense.store
+
+    def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
+        vectors = self.dense.retriever.embed_queries(queries).numpy()  # (Q, D)
+        ids, bm25 = hybrid_candidates(self.dense.index, self.sparse, queries, vectors, k)
+        index = self.dense.index
+        stored = index.stored_vectors(np.where(ids >= 0, ids, index.block_ids[0]))  # (Q, C, D)
+        logits = np.einsum("qcd,qd->qc", stored, vectors) + self.bm25_weight * bm25  # (Q, C)
+        logits = np.where(ids >= 0, logits, -np.inf)
+        order = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+        return _hits(self.store, np.take_along_axis(logits, order, 1), np.take_along_axis(ids, order, 1))
 
     def search(self, query: str, k: int) -> list[SearchHit]:
         return self.batch_search([query], k)[0]

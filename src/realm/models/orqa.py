@@ -15,10 +15,13 @@ block instead, p(z | x) p(s | z, x), makes every block spend its whole mass on s
 Fine-tuning keeps the document index frozen and trains the query tower and the reader. As in ORQA,
 an example none of whose top-k blocks holds a matching span has no reader loss (log 0 is undefined);
 every example whose answer appears in the retrieval beam (top `beam` blocks) adds the early-update
-retrieval loss  -log sum_{z in beam, z holds y} softmax_beam f(x, z), which reaches only the query tower."""
+retrieval loss  -log sum_{z in beam, z holds y} softmax_beam f(x, z), which reaches only the query tower.
+With hybrid retrieval (index/search.py) f(x, z) gains a BM25 term, w · BM25(x, z), and both losses also
+train its weight w (saved in the model folder's fusion.json)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from realm.common.io import write_atomic
 from realm.config import MINILM
 from realm.models.retriever import Retriever
 from realm.models.span_reader import (
@@ -50,10 +54,17 @@ def marginal_answer_log_likelihood(log_joint: torch.Tensor, match: torch.Tensor)
     return torch.logsumexp(log_joint.masked_fill(~match, MASKED).flatten(1), dim=-1)
 
 
+FUSION_FILE = "fusion.json"
+# The hybrid retriever's BM25 weight before fine-tuning learns it: the maximum-likelihood w of the answer-bearing
+# blocks among the union candidates for squad_open_train questions, with the MiniLM warm start (docs/results.md).
+DEFAULT_BM25_WEIGHT = 0.8
+
+
 @dataclass
 class QABatch:
     query: dict[str, torch.Tensor]  # (B, Lq) [CLS] x [SEP]
     beam_vectors: torch.Tensor  # (B, R, D) Embed_doc of the retrieval beam, best first, from the index
+    beam_bm25: torch.Tensor  # (B, R) BM25(x, z) of the beam (hybrid retrieval; zeros for dense)
     beam_valid: torch.Tensor  # (B, R) bool
     beam_answer: torch.Tensor  # (B, R) bool: the block holds a reference answer
     reader: ReaderBatch  # B * K rows: the top K of the beam
@@ -63,6 +74,7 @@ class QABatch:
         return QABatch(
             {k: v.to(device) for k, v in self.query.items()},
             self.beam_vectors.to(device),
+            self.beam_bm25.to(device),
             self.beam_valid.to(device),
             self.beam_answer.to(device),
             self.reader.to(device),
@@ -102,14 +114,21 @@ def qa_loss(
     return reader_loss + retrieval_loss, stats
 
 
-class QAModel(nn.Module):
-    """Query tower + frozen document index + span reader. The document tower is kept (to check the index
-    and to embed added documents) but never trained here."""
+def bm25_weight_of(spec: str) -> float:
+    """The BM25 weight a `train qa` output learned (its fusion.json), else DEFAULT_BM25_WEIGHT."""
+    path = Path(spec) / FUSION_FILE
+    return float(json.loads(path.read_text())["bm25_weight"]) if path.is_file() else DEFAULT_BM25_WEIGHT
 
-    def __init__(self, retriever: Retriever, reader: SpanReader):
+
+class QAModel(nn.Module):
+    """Query tower + frozen document index + span reader, and the hybrid retriever's BM25 weight. The document
+    tower is kept (to check the index and to embed added documents) but never trained here."""
+
+    def __init__(self, retriever: Retriever, reader: SpanReader, bm25_weight: float = DEFAULT_BM25_WEIGHT):
         super().__init__()
         self.retriever = retriever
         self.reader = reader
+        self.bm25_weight = nn.Parameter(torch.tensor(float(bm25_weight)))
         self.retriever.doc_tower.requires_grad_(False)
 
     @classmethod
@@ -131,6 +150,7 @@ class QAModel(nn.Module):
         return cls(
             Retriever.load(str(folder / "retriever"), retriever_config),
             SpanReader.load(reader or str(folder / "reader"), span_hidden, max_span_width),
+            bm25_weight_of(str(folder)),
         )
 
     def save(self, folder: str | Path) -> None:
@@ -138,10 +158,17 @@ class QAModel(nn.Module):
         folder.mkdir(parents=True, exist_ok=True)
         self.retriever.save(folder / "retriever")
         self.reader.save(folder / "reader")
+        write_atomic(folder / FUSION_FILE, lambda tmp: tmp.write_text(json.dumps({"bm25_weight": self.fusion_weight})))
+
+    @property
+    def fusion_weight(self) -> float:
+        """w of the hybrid retriever's f(x, z) + w · BM25(x, z), as a number."""
+        return float(self.bm25_weight.detach())
 
     def forward(self, batch: QABatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         q = self.retriever.query_tower(**batch.query)  # (B, D)
         f_beam = torch.einsum("bd,brd->br", q.float(), batch.beam_vectors)  # (B, R) f(x, z), doc side frozen
+        f_beam = f_beam + self.bm25_weight * batch.beam_bm25  # hybrid: + w · BM25(x, z) (zeros for dense)
         scores = self.reader(
             **batch.reader.inputs,
             starts=batch.reader.starts,

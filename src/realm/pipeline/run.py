@@ -184,8 +184,8 @@ class Pipeline:
         return self.stages.run(name, settings, work)
 
     def evaluate(self, preset: Preset, qa: StageRecord, zero_shot: dict[str, tuple[StageRecord, Path]]) -> StageRecord:
-        """EM and recall of the fine-tuned model (dense), of BM25 with the same reader, and zero-shot recall
-        of each retriever before fine-tuning (`zero_shot`: row label -> (its index stage, the retriever))."""
+        """EM, recall and outcomes of the fine-tuned model with dense, BM25 and hybrid retrieval, and zero-shot
+        recall of each retriever before fine-tuning (`zero_shot`: row label -> (its index stage, the retriever))."""
         retrievers = {
             label: (self.run_dir / stage.name / "index", folder) for label, (stage, folder) in zero_shot.items()
         }
@@ -200,9 +200,11 @@ class Pipeline:
                 folder,
             )
 
-        return self.stages.run(
-            "eval", {"after": [qa.fingerprint, *(s.fingerprint for s, _ in zero_shot.values())]}, work
-        )
+        settings = {
+            "after": [qa.fingerprint, *(s.fingerprint for s, _ in zero_shot.values())],
+            "systems": stage_work.SYSTEMS,
+        }
+        return self.stages.run("eval", settings, work)
 
     def examples(self, preset: Preset, realm: StageRecord) -> StageRecord:
         """The paper's Table 3 in miniature, and masked-span accuracy with and without retrieval (held out)."""

@@ -81,6 +81,9 @@ def finetune(
     return result
 
 
+SYSTEMS = ("dense", "bm25", "hybrid")  # the fine-tuned reader with each retriever
+
+
 def evaluate_systems(
     best: Path,
     index_folder: Path,
@@ -89,19 +92,24 @@ def evaluate_systems(
     preset: Preset,
     folder: Path,
 ) -> dict:
-    """EM and recall@k of the fine-tuned model `best` over `index_folder` (dense) and of its reader over BM25;
-    recall@k of each zero-shot retriever (label -> (its index folder, the retriever folder))."""
+    """EM, recall@k and outcomes of the fine-tuned model `best` with each retriever (dense over `index_folder`,
+    BM25, hybrid), the paired EM differences between them; recall@k of each zero-shot retriever
+    (label -> (its index folder, the retriever folder))."""
     from realm.eval.answerer import load_answerer
-    from realm.eval.qa import evaluate_qa
+    from realm.eval.qa import compare_predictions, evaluate_qa
     from realm.eval.retrieval import recall_at_k
     from realm.index.mips import MipsIndex
     from realm.index.search import DenseSearcher, search_all
     from realm.models.retriever import Retriever
 
-    result = {}
-    for kind in ("dense", "bm25"):
+    result: dict = {}
+    for kind in SYSTEMS:
         answerer = load_answerer(str(best), index_folder, preset, kind)
         result[kind] = evaluate_qa(answerer, dev, RECALL_KS, folder / f"predictions_{kind}.jsonl")
+    result["paired"] = {
+        f"{a} - {b}": compare_predictions(folder / f"predictions_{a}.jsonl", folder / f"predictions_{b}.jsonl")
+        for a, b in (("dense", "bm25"), ("hybrid", "bm25"), ("hybrid", "dense"))
+    }
     questions = [e.question for e in dev]
     for label, (index_dir, retriever_folder) in zero_shot.items():
         index = MipsIndex(index_dir)

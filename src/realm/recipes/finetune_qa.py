@@ -28,7 +28,7 @@ from realm.data.qa_examples import QAExample, has_answer
 from realm.eval.answerer import Answerer
 from realm.eval.qa import evaluate_qa
 from realm.index.mips import MipsIndex
-from realm.index.search import DenseSearcher
+from realm.index.search import BM25Searcher, DenseSearcher, HybridSearcher, Searcher, hybrid_candidates
 from realm.models.orqa import QABatch, QAModel
 from realm.models.span_reader import matching_spans, reader_batch
 from realm.training import (
@@ -49,14 +49,35 @@ log = logging.getLogger(__name__)
 BEST = "best"
 
 
+def retrieve_beam(
+    model: QAModel, questions: list[str], vectors: np.ndarray, index: MipsIndex, sparse: BM25Searcher | None, beam: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Block ids (B, R) best first (-1: none) and their BM25(x, z) (B, R): the dense top `beam`, or with `sparse`
+    the union of the dense and BM25 top `beam` ranked by f(x, z) + w · BM25(x, z)."""
+    if sparse is None:
+        _, ids = index.search(vectors, beam)
+        return ids, np.zeros(ids.shape, dtype=np.float32)
+    ids, bm25 = hybrid_candidates(index, sparse, questions, vectors, beam)
+    stored = index.stored_vectors(np.where(ids >= 0, ids, index.block_ids[0]))  # (B, C, D)
+    logits = np.where(ids >= 0, np.einsum("bcd,bd->bc", stored, vectors) + model.fusion_weight * bm25, -np.inf)
+    order = np.argsort(-logits, axis=1, kind="stable")
+    return np.take_along_axis(ids, order, 1), np.take_along_axis(bm25, order, 1)
+
+
 def make_qa_batch(
-    model: QAModel, examples: Sequence[QAExample], index: MipsIndex, store: BlockStore, k: int, beam: int
+    model: QAModel,
+    examples: Sequence[QAExample],
+    index: MipsIndex,
+    store: BlockStore,
+    k: int,
+    beam: int,
+    sparse: BM25Searcher | None = None,
 ) -> QABatch:
     """Retrieve the beam with the current query tower (no gradient here) and label answers and spans."""
     questions = [e.question for e in examples]
     query = model.retriever.encode_queries(questions)
     vectors = model.retriever.query_vectors(query)
-    _, ids = index.search(vectors, max(beam, k))  # (B, R), best first
+    ids, bm25 = retrieve_beam(model, questions, vectors, index, sparse, max(beam, k))  # (B, R), best first
     valid = ids >= 0
     unique = np.unique(ids[valid])
     bodies = dict(zip(unique.tolist(), (b.body for b in store.take(unique.tolist()))))
@@ -78,7 +99,21 @@ def make_qa_batch(
     ):
         labels = matching_spans(bodies[block_id], spans, example)
         match[n, : len(labels)] = torch.tensor(labels, dtype=torch.bool)
-    return QABatch(dict(query), beam_vectors, torch.from_numpy(valid), torch.from_numpy(beam_answer), reader, match)
+    return QABatch(
+        dict(query),
+        beam_vectors,
+        torch.from_numpy(bm25),
+        torch.from_numpy(valid),
+        torch.from_numpy(beam_answer),
+        reader,
+        match,
+    )
+
+
+def qa_searcher(model: QAModel, index: MipsIndex, store: BlockStore, sparse: BM25Searcher | None) -> Searcher:
+    """The searcher fine-tuning trains for: dense, or hybrid with the model's current BM25 weight."""
+    dense = DenseSearcher(index, model.retriever, store)
+    return dense if sparse is None else HybridSearcher(dense, sparse, model.fusion_weight)
 
 
 def save_best(model: QAModel, folder: Path, dev: dict) -> None:
@@ -117,6 +152,9 @@ def train_qa(
     config = index.retriever_config(preset.retriever)  # pooling etc. of the index's model
     model = QAModel.load(model_spec, config, cfg.span_hidden, cfg.max_span_width, reader=reader_spec)
     DenseSearcher(index, model.retriever, store)  # refuses an index built by another document tower
+    if cfg.retriever not in ("dense", "hybrid"):
+        raise ValueError(f"QA fine-tuning retrieves with 'dense' or 'hybrid', not {cfg.retriever!r}")
+    sparse = BM25Searcher(store) if cfg.retriever == "hybrid" else None
     model.to(device).train()
     k = min(cfg.top_k, len(index.block_ids))
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
@@ -124,7 +162,11 @@ def train_qa(
     optimizer = bert_optimizer(
         model,
         cfg.lr,
-        prefix_lrs={"reader.span_head.": cfg.lr * cfg.head_lr_multiplier, "retriever.": cfg.retriever_lr or cfg.lr},
+        prefix_lrs={
+            "reader.span_head.": cfg.lr * cfg.head_lr_multiplier,
+            "retriever.": cfg.retriever_lr or cfg.lr,
+            "bm25_weight": cfg.fusion_lr,
+        },
     )
     scheduler = linear_schedule(optimizer, cfg.warmup_steps(total), total)
     order = DataOrder(len(train), cfg.seed)
@@ -159,7 +201,7 @@ def train_qa(
         while step < total:
             indices, position = order.take(position, cfg.batch_size)
             local = [train[i] for i in indices[d.rank :: d.world_size]]
-            batch = make_qa_batch(model, local, index, store, k, cfg.beam).to(device)
+            batch = make_qa_batch(model, local, index, store, k, cfg.beam, sparse).to(device)
             with autocast(dtype, device):
                 loss, stats = trained(batch)
             loss.backward()
@@ -177,7 +219,7 @@ def train_qa(
                 em = evaluate_qa(
                     Answerer(
                         model,
-                        DenseSearcher(index, model.retriever, store),
+                        qa_searcher(model, index, store, sparse),
                         k,
                         store.config.max_block_tokens,
                         dtype=dtype,
@@ -187,6 +229,7 @@ def train_qa(
                 )["exact_match"]
                 model.train()
                 metrics["dev_em"] = em
+                metrics["bm25_weight"] = model.fusion_weight
                 log.info("epoch %d: dev exact match %.2f on %d questions", epoch, em, len(dev_part))
                 if em > best_em:
                     best_em = em

@@ -123,7 +123,7 @@ class QAService:
                 return
             try:
                 searcher = open_searcher(
-                    MipsIndex(self.index_dir, version), self.retriever, self.answerer.model.retriever, self.corpus
+                    MipsIndex(self.index_dir, version), self.retriever, self.answerer.model, self.corpus
                 )
             except (MipsIndexError, OSError, ValueError) as err:
                 log.warning(

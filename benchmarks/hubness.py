@@ -1,0 +1,90 @@
+"""Hubness of masked queries: do masked sentences collapse onto a few "hub" blocks at top-1?
+
+200 sentences of the corpus's non-SQuAD documents (seed 0), one capitalised span of 1-3 words (not the first
+word) replaced by one [MASK] per wordpiece, as salient-span masking makes pretraining queries. For each retriever
+(a model and the index its document tower built) it prints the number of distinct top-1 blocks, the most common
+top-1 block and its share of the queries, and how often the sentence's own document is top-1: with the query
+tower's mean pooling leaving [MASK] positions out (the library's behaviour) and, for comparison, averaging them
+in (the behaviour before), and for the same sentences unmasked.
+
+    python benchmarks/hubness.py --retriever minilm=data/exp/index [--retriever runs/x/realm=runs/x/realm/index]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+from collections import Counter
+
+from realm.config import get_preset
+from realm.data.sentences import split_sentences
+from realm.index.mips import MipsIndex
+from realm.index.search import DenseSearcher, search_all
+from realm.models.retriever import Retriever
+
+CAPITALISED = re.compile(r"(?<=\s)[A-Z][a-z]+(?:\s[A-Z][a-z]+){0,2}\b")
+KEEPS_MASKS = -1  # a mask token id no input has: the tower averages [MASK] positions in, as before the fix
+
+
+def masked_sample(store, tokenizer, size: int, seed: int) -> tuple[list[str], list[str], list[str]]:
+    """(masked, unmasked, source doc ids) for `size` sentences with a capitalised span past the first word."""
+    doc_ids, texts = split_sentences(store)
+    rng = random.Random(seed)
+    order = list(range(len(texts)))
+    rng.shuffle(order)
+    masked, plain, sources = [], [], []
+    for i in order:
+        if doc_ids[i].startswith("squad:"):
+            continue
+        spans = list(CAPITALISED.finditer(texts[i]))
+        if not spans or len(texts[i].split()) < 6:
+            continue
+        span = rng.choice(spans)
+        masks = " ".join(["[MASK]"] * len(tokenizer.tokenize(span.group())))
+        masked.append(texts[i][: span.start()] + masks + texts[i][span.end() :])
+        plain.append(texts[i])
+        sources.append(doc_ids[i])
+        if len(masked) == size:
+            break
+    return masked, plain, sources
+
+
+def top1_stats(searcher: DenseSearcher, queries: list[str], sources: list[str]) -> tuple[int, str, float, float]:
+    hits = [row[0] for row in search_all(searcher, queries, 1)]
+    counts = Counter(h.block_id for h in hits)
+    block, count = counts.most_common(1)[0]
+    title = next(h.title for h in hits if h.block_id == block)
+    own = sum(h.doc_id == s for h, s in zip(hits, sources))
+    return len(counts), title, 100 * count / len(queries), 100 * own / len(queries)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--retriever", action="append", required=True, help="MODEL=INDEX (repeatable)")
+    parser.add_argument("--sentences", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    preset = get_preset("cpu")
+    print("| retriever | queries | distinct top-1 | most common top-1 | its share | own document top-1 |")
+    print("|---|---|---:|---|---:|---:|")
+    for spec in args.retriever:
+        model, index_dir = spec.rsplit("=", 1)
+        index = MipsIndex(index_dir)
+        retriever = Retriever.load(model, index.retriever_config(preset.retriever))
+        searcher = DenseSearcher(index, retriever)
+        masked, plain, sources = masked_sample(searcher.store, retriever.tokenizer, args.sentences, args.seed)
+        mask_id = retriever.query_tower.mask_token_id
+        for label, queries, token in (
+            ("masked, [MASK] left out of pooling", masked, mask_id),
+            ("masked, [MASK] averaged in (before)", masked, KEEPS_MASKS),
+            ("unmasked", plain, mask_id),
+        ):
+            retriever.query_tower.mask_token_id = token
+            distinct, title, share, own = top1_stats(searcher, queries, sources)
+            print(f"| {model} | {label} | {distinct} | {title} | {share:.1f}% | {own:.1f}% |")
+        retriever.query_tower.mask_token_id = mask_id
+
+
+if __name__ == "__main__":
+    main()

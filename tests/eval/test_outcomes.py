@@ -1,0 +1,52 @@
+"""Where the errors are (the four outcomes of a question) and the paired comparison of two predictions files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from realm.cli.main import main
+from realm.data.qa_examples import QAExample
+from realm.eval.qa import OUTCOMES, compare_predictions, outcome
+
+BRONCOS = QAExample("Who won Super Bowl 50?", ("Denver Broncos", "Broncos"))
+YEAR = QAExample("When was Bach born?", (r"16\d\d",), regex=True)
+
+
+def test_each_question_has_exactly_one_outcome():
+    assert outcome("the Denver Broncos", BRONCOS, retrieved=True) == "exact_match"
+    assert outcome("Broncos", BRONCOS, retrieved=False) == "exact_match"  # right, whatever recall says
+    assert outcome("Carolina Panthers", BRONCOS, retrieved=False) == "not_retrieved"
+    assert outcome("Carolina Panthers", BRONCOS, retrieved=True) == "retrieved_not_read"
+    assert outcome("Denver", BRONCOS, retrieved=True) == "read_not_exact"  # shares a word: wrong boundaries
+    assert outcome("the", BRONCOS, retrieved=True) == "retrieved_not_read"  # articles do not count as overlap
+    assert outcome("born in 1685", YEAR, retrieved=True) == "read_not_exact"  # the pattern occurs, not at the start
+    assert outcome("1685 in Eisenach", YEAR, retrieved=True) == "exact_match"  # ORQA's re.match
+    assert outcome("Eisenach", YEAR, retrieved=True) == "retrieved_not_read"
+    assert set(OUTCOMES) == {"exact_match", "not_retrieved", "retrieved_not_read", "read_not_exact"}
+
+
+def _predictions(path, correct: list[bool], questions: list[str] | None = None):
+    questions = questions or [f"q{i}" for i in range(len(correct))]
+    path.write_text("".join(json.dumps({"question": q, "exact_match": c}) + "\n" for q, c in zip(questions, correct)))
+    return path
+
+
+def test_paired_comparison_of_two_predictions_files(tmp_path, capsys):
+    better = _predictions(tmp_path / "a.jsonl", [True] * 60 + [False] * 40)
+    worse = _predictions(tmp_path / "b.jsonl", [True] * 30 + [False] * 70)
+    result = compare_predictions(better, worse)
+    assert (result["exact_match_a"], result["exact_match_b"], result["difference"]) == (60.0, 30.0, 30.0)
+    low, high = result["difference_95ci"]
+    assert 0 < low < 30 < high < 60  # the same questions: the shared 30 cancel, the interval excludes 0
+    same = compare_predictions(better, better)
+    assert same["difference"] == 0 and same["difference_95ci"] == [0, 0]
+    assert main(["eval", "compare", str(better), str(worse)]) == 0
+    assert "difference +30.00" in capsys.readouterr().out
+    other = _predictions(tmp_path / "c.jsonl", [True] * 100, [f"x{i}" for i in range(100)])
+    with pytest.raises(ValueError, match="same questions"):
+        compare_predictions(better, other)
+    (tmp_path / "bad.jsonl").write_text('{"question": "q0", "exact_match": true}\nnot json\n')
+    assert main(["eval", "compare", str(better), str(tmp_path / "bad.jsonl")]) == 2
+    assert "bad.jsonl:2:" in capsys.readouterr().err
