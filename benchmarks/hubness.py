@@ -3,9 +3,14 @@
 200 sentences of the corpus's non-SQuAD documents (seed 0), one capitalised span of 1-3 words (not the first
 word) replaced by one [MASK] per wordpiece, as salient-span masking makes pretraining queries. For each retriever
 (a model and the index its document tower built) it prints the number of distinct top-1 blocks, the most common
-top-1 block and its share of the queries, and how often the sentence's own document is top-1: with the query
-tower's mean pooling leaving [MASK] positions out (the library's behaviour) and, for comparison, averaging them
-in (the behaviour before), and for the same sentences unmasked.
+top-1 block and its share of the queries, and how often the sentence's own document is top-1, for:
+
+    centred      the library's pretraining retrieval: [MASK] left out of mean pooling, the query centred on the
+                 mean masked query (the model's own mask_center after pretraining; for a retriever never
+                 pretrained, the mean of 1,024 other sentences masked the same way, as pretraining starts)
+    not centred  [MASK] left out of pooling only
+    before       [MASK] averaged into the pooling, no centring (the library before this fix)
+    unmasked     the same sentences without masks
 
     python benchmarks/hubness.py --retriever minilm=data/exp/index [--retriever runs/x/realm=runs/x/realm/index]
 """
@@ -25,6 +30,7 @@ from realm.models.retriever import Retriever
 
 CAPITALISED = re.compile(r"(?<=\s)[A-Z][a-z]+(?:\s[A-Z][a-z]+){0,2}\b")
 KEEPS_MASKS = -1  # a mask token id no input has: the tower averages [MASK] positions in, as before the fix
+CENTER_SAMPLE = 1024
 
 
 def masked_sample(store, tokenizer, size: int, seed: int) -> tuple[list[str], list[str], list[str]]:
@@ -73,17 +79,24 @@ def main() -> None:
         index = MipsIndex(index_dir)
         retriever = Retriever.load(model, index.retriever_config(preset.retriever))
         searcher = DenseSearcher(index, retriever)
+        tower = retriever.query_tower
         masked, plain, sources = masked_sample(searcher.store, retriever.tokenizer, args.sentences, args.seed)
-        mask_id = retriever.query_tower.mask_token_id
-        for label, queries, token in (
-            ("masked, [MASK] left out of pooling", masked, mask_id),
-            ("masked, [MASK] averaged in (before)", masked, KEEPS_MASKS),
-            ("unmasked", plain, mask_id),
+        own_center = tower.mask_center.clone()
+        if not own_center.any():  # never pretrained: centre as pretraining starts, on other masked sentences
+            others = masked_sample(searcher.store, retriever.tokenizer, CENTER_SAMPLE, args.seed + 1)[0]
+            own_center = retriever.embed_queries(others).mean(0)
+        mask_id = tower.mask_token_id
+        for label, queries, token, center in (
+            ("masked, centred", masked, mask_id, own_center),
+            ("masked, not centred", masked, mask_id, 0 * own_center),
+            ("masked, [MASK] averaged in (before)", masked, KEEPS_MASKS, 0 * own_center),
+            ("unmasked", plain, mask_id, own_center),
         ):
-            retriever.query_tower.mask_token_id = token
+            tower.mask_token_id = token
+            tower.mask_center.copy_(center)
             distinct, title, share, own = top1_stats(searcher, queries, sources)
             print(f"| {model} | {label} | {distinct} | {title} | {share:.1f}% | {own:.1f}% |")
-        retriever.query_tower.mask_token_id = mask_id
+        tower.mask_token_id = mask_id
 
 
 if __name__ == "__main__":

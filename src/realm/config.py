@@ -116,6 +116,9 @@ class PretrainConfig:
     num_candidates: int = 8  # including the null document, which is always first
     max_masks: int = 10
     masking: Literal["salient", "random-span", "uniform"] = "salient"
+    # masked queries are centred on their mean embedding, estimated at the start and tracked with this momentum a
+    # step (models/retriever.py; against hubness); 0: no centring
+    mask_center_momentum: float = 0.01
     refresh_every: int = 500  # trainer snapshots the retriever every N steps for the index builder; 0: frozen index
     builder_nice: int = 0  # the builder process's niceness (0-19) on the trainer's machine
     # local: the trainer starts its index builder beside it; external: a builder runs elsewhere (`realm index

@@ -172,5 +172,6 @@ def test_qa_loss_matches_the_fp32_reference(minilm, tiny_corpus, reference_encod
     query = dict(minilm.tokenizer(questions, padding=True, return_tensors="pt"))
     beam = torch.nn.functional.normalize(torch.randn(2, 6, 128, generator=torch.Generator().manual_seed(0)), dim=-1)
     beam_answer = torch.tensor([[True, False, False, True, False, False], [False, True, True, False, False, False]])
-    batch = QABatch(query, beam * 4, torch.ones(2, 6, dtype=torch.bool), beam_answer, reader, match)
+    bm25 = torch.rand(2, 6, generator=torch.Generator().manual_seed(1)) * 10  # the hybrid's BM25 term
+    batch = QABatch(query, beam * 4, bm25, torch.ones(2, 6, dtype=torch.bool), beam_answer, reader, match)
     check(fast_and_reference(model, (batch,), reference_encoder))

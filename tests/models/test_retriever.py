@@ -38,6 +38,26 @@ def test_mean_pooling_leaves_mask_positions_out(tiny_retriever):
         assert not torch.allclose(tower(**inputs), tower.layer_norm(tower.projection(averaged_in)), atol=1e-3)
 
 
+def test_only_queries_holding_mask_are_centred_and_the_centre_is_saved(tmp_path):
+    retriever = Retriever.load("random", TINY_RETRIEVER)
+    tower = retriever.query_tower.eval()
+    plain, masked = ["who wrote hamlet in 1600?"], ["who wrote [MASK] in 1600?"]
+    before = (retriever.embed_queries(plain), retriever.embed_queries(masked))
+    fingerprint = retriever.doc_fingerprint()
+    center = torch.linspace(-1, 1, TINY_RETRIEVER.proj_dim)
+    tower.track_mask_center(center[None], 1.0)  # momentum 1: replace
+    assert torch.allclose(tower.mask_center, center)
+    assert torch.equal(retriever.embed_queries(plain), before[0])  # a question is never moved
+    assert torch.allclose(retriever.embed_queries(masked), before[1] - center, atol=1e-6)
+    tower.track_mask_center(torch.zeros(3, TINY_RETRIEVER.proj_dim), 0.25)  # an exponential moving average
+    assert torch.allclose(tower.mask_center, 0.75 * center)
+    assert retriever.doc_fingerprint() == fingerprint  # the index built before stays valid
+    retriever.save(tmp_path / "ckpt")
+    again = Retriever.load(str(tmp_path / "ckpt"), TINY_RETRIEVER)
+    assert torch.allclose(again.query_tower.mask_center, 0.75 * center)
+    assert not again.doc_tower.mask_center.any()
+
+
 def test_towers_project_to_layer_normed_128d_shape(tiny_retriever):
     q = tiny_retriever.embed_queries(["who wrote hamlet?", "capital of france"])
     assert q.shape == (2, TINY_RETRIEVER.proj_dim) and q.dtype == torch.float32

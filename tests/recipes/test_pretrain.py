@@ -380,6 +380,37 @@ def test_two_process_ddp_matches_one_process(tmp_path, tiny_corpus):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-3)
 
 
+def test_masked_queries_start_centred_and_the_centre_is_tracked(tmp_path, tiny_corpus):
+    """The first mask_center is the mean of a sample of masked training queries (so their centred mean is 0);
+    training then moves it; momentum 0 turns centring off."""
+    from realm.data.sentences import SentenceSet, build_sentences, sentences_path
+    from realm.models.realm import pad_queries
+    from realm.recipes.pretrain import CENTER_SAMPLE, estimate_mask_center, train_pretrain
+
+    cfg = TINY_PRESET.pretrain
+    retriever = Retriever.load("random", TINY_PRESET.retriever)
+    build_sentences(tiny_corpus, progress=False)
+    sentences = SentenceSet(sentences_path(tiny_corpus), 0.0)
+    assert len(sentences) < CENTER_SAMPLE  # the tiny corpus: every sentence is in the sample
+    estimate_mask_center(retriever, sentences, cfg, TINY_PRESET.retriever.query_max_tokens, torch.device("cpu"))
+    assert retriever.query_tower.mask_center.norm() > 0.1
+    rng = np.random.default_rng(cfg.seed)
+    rows = rng.choice(len(sentences), len(sentences), replace=False)
+    queries = [
+        mask_sentence(sentences.texts[i], sentences.spans[i], cfg.masking, retriever.tokenizer, 32, cfg.max_masks, rng)
+        for i in rows
+    ]
+    centred = retriever.query_vectors(pad_queries(queries, retriever.tokenizer.pad_token_id)[0])
+    assert np.abs(centred.mean(0)).max() < 1e-4
+
+    train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", TINY_PRESET, progress=False)
+    trained = Retriever.load(str(tmp_path / "run" / "retriever"), TINY_PRESET.retriever).query_tower.mask_center
+    assert trained.norm() > 0.1 and not torch.allclose(trained, retriever.query_tower.mask_center)
+    off = dataclasses.replace(TINY_PRESET, pretrain=dataclasses.replace(cfg, mask_center_momentum=0.0, steps=1))
+    train_pretrain(tiny_corpus.folder, tmp_path / "off", "random", "random", off, progress=False)
+    assert not Retriever.load(str(tmp_path / "off" / "retriever"), off.retriever).query_tower.mask_center.any()
+
+
 def test_null_only_baseline_trains_without_an_index(tmp_path, tiny_corpus):
     """--num-candidates 1 is masked-LM with the null document alone: no index, no builder."""
     from realm.recipes.pretrain import train_pretrain

@@ -161,4 +161,5 @@ class RealmModel(nn.Module):
             stats["null_accuracy"] = null_correct.sum() / batch.mask_valid.sum()
             stats["log_pz"] = log_pz  # (B, K), for per-example reports
             stats["token_log_probs"] = token_log_probs.detach()  # (B, K, M)
+            stats["uncentred_queries"] = q.detach() + self.retriever.query_tower.mask_center  # (B, D): all masked
         return loss, stats

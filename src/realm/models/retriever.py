@@ -11,9 +11,15 @@ mean. The warm-start projection is one random orthogonal map shared by both towe
 its own copy): inner products of LayerNorm'd orthogonal projections approximate MiniLM's cosine
 similarity (Johnson-Lindenstrauss), so the untrained retriever already retrieves sensibly; the
 LayerNorm gain starts at sqrt(20 / 128) so that f(x, z) ≈ 20 · cos, MiniLM's training scale.
-Mean pooling leaves `[MASK]` positions out: a masked pretraining query is embedded by the words it has.
-MiniLM never saw `[MASK]`; averaging those positions in pulled masked queries onto a few hub blocks
-(docs/results.md, "Hubness"). Documents hold no `[MASK]`, so the document side is unchanged.
+
+Masked queries (REALM pretraining's x) are embedded apart from questions, against hubness (masked queries
+collapsing onto a few blocks; docs/results.md, "Hubness"): mean pooling leaves the `[MASK]` positions out
+(MiniLM never saw `[MASK]`), and a query holding `[MASK]` is centred on the mean masked query, `mask_center`,
+a buffer the pretraining recipe estimates and tracks (Suzuki et al. 2013: centring removes hubs):
+
+    Embed_input(x) = LayerNorm(W_input · BERT_mean(x without [MASK])) - mask_center     # x holds [MASK]
+
+Questions and documents hold no `[MASK]`, so neither pooling nor centring changes them.
 
 A checkpoint is a folder:
     realm.json                      format version, RetrieverConfig
@@ -47,6 +53,7 @@ CHECKPOINT_FORMAT = 1
 CHECKPOINT_META = "realm.json"
 TOWERS = ("query_tower", "doc_tower")
 PROJECTION_FILE = "projection.safetensors"
+MASK_CENTER = "mask_center"
 WARM_START_SEED = 20200210  # fixed so `--model minilm` always means the same retriever (and fingerprint)
 # all-MiniLM-L6-v2 was trained with scaled cosine similarity, 20 · cos(x, z). LayerNorm'd d-dim vectors have
 # norm sqrt(d), so a LayerNorm gain of sqrt(20 / d) makes f(x, z) ≈ 20 · cos at the warm start: a softmax
@@ -73,15 +80,24 @@ class Tower(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.projection = nn.Linear(bert.config.hidden_size, proj_dim)
         self.layer_norm = nn.LayerNorm(proj_dim)
+        self.register_buffer("mask_center", torch.zeros(proj_dim))  # subtracted from queries holding [MASK]
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
     ) -> torch.Tensor:
         hidden = encode(self.bert, input_ids, attention_mask, token_type_ids)  # (B, L, H)
-        pooled = pool(hidden, attention_mask * (input_ids != self.mask_token_id), self.pooling)  # (B, H)
-        return self.layer_norm(self.projection(self.dropout(pooled)))  # (B, D)
+        is_mask = input_ids == self.mask_token_id  # (B, L)
+        pooled = pool(hidden, attention_mask * ~is_mask, self.pooling)  # (B, H)
+        embedded = self.layer_norm(self.projection(self.dropout(pooled)))  # (B, D)
+        return embedded - is_mask.any(1, keepdim=True) * self.mask_center  # centre masked queries only
+
+    @torch.no_grad()
+    def track_mask_center(self, uncentred: torch.Tensor, momentum: float) -> None:
+        """Move `mask_center` toward the mean of masked queries' uncentred embeddings (B, D) (1: replace it)."""
+        self.mask_center.lerp_(uncentred.float().mean(0).to(self.mask_center.dtype), momentum)
 
     def projection_state(self) -> dict[str, torch.Tensor]:
+        """dense + LayerNorm weights (what a document embedding depends on)."""
         return {f"projection.{k}": v for k, v in self.projection.state_dict().items()} | {
             f"layer_norm.{k}": v for k, v in self.layer_norm.state_dict().items()
         }
@@ -89,9 +105,12 @@ class Tower(nn.Module):
     def load_projection_state(self, state: dict[str, torch.Tensor]) -> None:
         for prefix, module in (("projection.", self.projection), ("layer_norm.", self.layer_norm)):
             module.load_state_dict({k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)})
+        if MASK_CENTER in state:  # absent from checkpoints written before centring: zeros
+            self.mask_center.copy_(state[MASK_CENTER])
 
     def fingerprint(self) -> str:
-        """Hash of everything that decides this tower's embeddings: weights and pooling."""
+        """Hash of everything that decides this tower's document embeddings: weights and pooling (not
+        `mask_center`, which only moves queries holding [MASK])."""
         digest = hashlib.sha256(self.pooling.encode())
         state = {f"bert.{k}": v for k, v in self.bert.state_dict().items()} | self.projection_state()
         for name in sorted(state):
@@ -173,9 +192,8 @@ class Retriever(nn.Module):
             for name in TOWERS:
                 tower: Tower = getattr(self, name)
                 tower.bert.save_pretrained(str(tmp / name))
-                save_file(
-                    {k: v.contiguous() for k, v in tower.projection_state().items()}, tmp / name / PROJECTION_FILE
-                )
+                state = tower.projection_state() | {MASK_CENTER: tower.mask_center}
+                save_file({k: v.contiguous() for k, v in state.items()}, tmp / name / PROJECTION_FILE)
             meta = {
                 "format_version": CHECKPOINT_FORMAT,
                 "retriever": dataclasses.asdict(self.config),

@@ -97,6 +97,31 @@ def make_pretrain_batch(
     return make_batch(queries, retrieved, store, tokenizer, store.config).to(device)
 
 
+CENTER_SAMPLE = 1024  # masked training queries whose mean is the first mask_center
+
+
+def estimate_mask_center(
+    retriever: Retriever, sentences: SentenceSet, cfg: PretrainConfig, query_max_tokens: int, device: torch.device
+) -> None:
+    """Set the query tower's mask_center to the mean uncentred embedding of CENTER_SAMPLE masked training
+    queries: the centre the first steps retrieve with (the trainer then tracks it)."""
+    tower, tokenizer = retriever.query_tower, retriever.tokenizer
+    tower.mask_center.zero_()
+    rng = np.random.default_rng(cfg.seed)
+    rows = rng.choice(len(sentences), min(CENTER_SAMPLE, len(sentences)), replace=False)
+    queries = [
+        mask_sentence(
+            sentences.texts[i], sentences.spans[i], cfg.masking, tokenizer, query_max_tokens, cfg.max_masks, rng
+        )
+        for i in rows
+    ]
+    vectors = []
+    for start in range(0, len(queries), 128):
+        query, *_ = pad_queries(queries[start : start + 128], tokenizer.pad_token_id)
+        vectors.append(retriever.query_vectors({k: v.to(device) for k, v in query.items()}))
+    tower.track_mask_center(torch.from_numpy(np.concatenate(vectors)).to(device), 1.0)
+
+
 def _mean_over_ranks(values: dict[str, float], d: Dist) -> dict[str, float]:
     if d.world_size == 1:
         return values
@@ -177,6 +202,8 @@ def train_pretrain(
     if found is not None:
         step, position, _ = load_checkpoint(found, model, optimizer, scheduler, d)
         log.info("resumed REALM pretraining from %s (step %d)", found, step)
+    elif cfg.mask_center_momentum > 0:
+        estimate_mask_center(model.retriever, sentences, cfg, preset.retriever.query_max_tokens, device)
 
     index_dir = out / "index"
     retrieval = cfg.num_candidates > 1  # 1: the null document alone, i.e. masked-LM without retrieval (a baseline)
@@ -237,6 +264,8 @@ def train_pretrain(
                 loss, stats = trained(batch)
             loss.backward()
             optimizer_step(model, optimizer, scheduler)
+            if cfg.mask_center_momentum > 0:
+                model.retriever.query_tower.track_mask_center(stats["uncentred_queries"], cfg.mask_center_momentum)
             step += 1
 
             builder_alive = builder is None or builder.poll() is None
