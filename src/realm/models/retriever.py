@@ -72,6 +72,8 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> to
 class Tower(nn.Module):
     """One embedder: BERT, pooling (mean pooling skips `mask_token_id`), then dense -> LayerNorm to `proj_dim`."""
 
+    mask_center: torch.Tensor  # (D,) a buffer
+
     def __init__(self, bert: BertModel, proj_dim: int, pooling: str, dropout: float, mask_token_id: int):
         super().__init__()
         self.bert = bert
