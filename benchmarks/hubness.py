@@ -12,6 +12,12 @@ top-1 block and its share of the queries, and how often the sentence's own docum
     before       [MASK] averaged into the pooling, no centring (the library before this fix)
     unmasked     the same sentences without masks
 
+With --questions QA.jsonl it also prints dense recall@k of those questions as the library embeds them (no
+centring: they hold no [MASK]) and with the alternative of centring every query (the centre subtracted from
+the query tower's LayerNorm bias), which is why only masked queries are centred.
+
+    python benchmarks/hubness.py --retriever minilm=data/exp/index --questions ../shared/data/qa/squad_open_dev.jsonl
+
     python benchmarks/hubness.py --retriever minilm=data/exp/index [--retriever runs/x/realm=runs/x/realm/index]
 """
 
@@ -23,7 +29,9 @@ import re
 from collections import Counter
 
 from realm.config import get_preset
+from realm.data.qa_examples import load_qa
 from realm.data.sentences import split_sentences
+from realm.eval.retrieval import recall_at_k
 from realm.index.mips import MipsIndex
 from realm.index.search import DenseSearcher, search_all
 from realm.models.retriever import Retriever
@@ -70,6 +78,7 @@ def main() -> None:
     parser.add_argument("--retriever", action="append", required=True, help="MODEL=INDEX (repeatable)")
     parser.add_argument("--sentences", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--questions", help="QA JSONL: recall@k with and without centring every query")
     args = parser.parse_args()
     preset = get_preset("cpu")
     print("| retriever | queries | distinct top-1 | most common top-1 | its share | own document top-1 |")
@@ -97,6 +106,15 @@ def main() -> None:
             distinct, title, share, own = top1_stats(searcher, queries, sources)
             print(f"| {model} | {label} | {distinct} | {title} | {share:.1f}% | {own:.1f}% |")
         tower.mask_token_id = mask_id
+        if args.questions:
+            examples = load_qa(args.questions)
+            bias = tower.layer_norm.bias.data.clone()
+            for label, shift in (("questions as embedded", 0 * own_center), ("every query centred", own_center)):
+                tower.layer_norm.bias.data = bias - shift
+                hits = search_all(searcher, [e.question for e in examples], 20)
+                recall = recall_at_k(examples, hits, (1, 5, 20))
+                print(f"{model}: {label}: " + ", ".join(f"{k} {v:.2f}" for k, v in recall.items()))
+            tower.layer_norm.bias.data = bias
 
 
 if __name__ == "__main__":
