@@ -184,7 +184,7 @@ def test_one_question_at_a_time_when_the_batch_size_is_1(tiny_qa):
     assert [r["question"] for r in replies] == QUESTIONS and service.batcher.batch_sizes == {1: len(QUESTIONS)}
 
 
-@pytest.mark.parametrize("retriever", ["dense", "bm25"])
+@pytest.mark.parametrize("retriever", ["dense", "bm25", "hybrid"])
 def test_a_published_version_is_served_from_the_next_request(tmp_path, tiny_qa, retriever):
     model_dir, index_dir = tiny_qa
     service = QAService.load(str(model_dir), index_dir, TINY_QA_PRESET, retriever)
