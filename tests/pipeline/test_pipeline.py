@@ -180,6 +180,7 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     ):
         assert section in text
     assert "In progress" not in text and "pending" not in text
+    assert "Retrieval gain in masked-token accuracy, paired over the same masks" in text
     assert (run / "plots" / "realm.png").is_file() and "data:image/png;base64," in (run / "report.html").read_text()
     results = (run / "results.md").read_text()  # numbers only: what docs/results.md records
     assert "## Ablations" in results and "## Open-QA exact match" in results and "## Training curves" not in results

@@ -469,6 +469,12 @@ def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
     assert alone["sentences"] == retrieved["sentences"] == len(sentences) > 0
     assert alone["p_null"] == 1.0 and alone["utility"] == 0.0 and retrieved["p_null"] < 1.0
     assert 0 <= retrieved["span_accuracy"] <= 100 and 0 <= retrieved["token_accuracy"] <= 100
+    # the paired baseline inside the retrieval pass is the null-only pass, mask for mask
+    assert retrieved["null_token_accuracy"] == pytest.approx(alone["token_accuracy"], abs=1e-9)
+    assert alone["retrieval_gain"] == 0 and alone["retrieval_gain_95ci"] == [0, 0]
+    low, high = retrieved["retrieval_gain_95ci"]
+    assert low <= retrieved["retrieval_gain"] <= high
+    assert retrieved["retrieval_gain"] == pytest.approx(retrieved["token_accuracy"] - alone["token_accuracy"])
 
 
 def test_ict_trains_both_towers_and_resumes(tmp_path, tiny_corpus):

@@ -15,6 +15,7 @@ import torch
 
 from realm.data.blocks import BlockStore
 from realm.data.sentences import MaskedQuery, SentenceSet, mask_sentence
+from realm.eval.intervals import bootstrap_interval
 from realm.index.mips import MipsIndex
 from realm.index.search import retrieve
 from realm.models.realm import RealmBatch, RealmModel, make_batch, pad_queries
@@ -79,9 +80,12 @@ def masked_span_accuracy(
     limit: int | None = None,
     batch_size: int = 16,
 ) -> dict[str, float]:
-    """Token accuracy, whole-span accuracy, mean p(null) and mean retrieval utility over the sentences."""
+    """Token accuracy, whole-span accuracy, mean p(null) and mean retrieval utility over the sentences, and the
+    token accuracy of the null document alone on the same masks (the same forward pass: the null document is
+    candidate 0) with the paired gain of retrieval and its 95% bootstrap interval over sentences."""
     tokens = correct_tokens = spans = correct_spans = 0
     p_null = utility = 0.0
+    gains: list[float] = []  # per sentence: correct tokens with retrieval minus with the null document alone
     for queries, batch, stats in _scored(
         model, sentences, store, index, num_candidates, query_max_tokens, max_masks, limit, batch_size
     ):
@@ -93,9 +97,16 @@ def masked_span_accuracy(
         correct_spans += int((hits | ~valid).all(dim=1).sum())
         p_null += stats["p_null"].item() * len(queries)
         utility += stats["utility"].item() * len(queries)
+        gains += (hits.sum(1) - stats["null_correct"].sum(1)).tolist()
+    per_sentence = 100 * np.array(gains, dtype=np.float64) / (tokens / spans)  # its mean: the accuracy difference
+    low, high = bootstrap_interval(per_sentence)
+    gain = float(per_sentence.mean())
     return {
         "token_accuracy": 100 * correct_tokens / tokens,
         "span_accuracy": 100 * correct_spans / spans,
+        "null_token_accuracy": 100 * correct_tokens / tokens - gain,
+        "retrieval_gain": gain,  # token accuracy points, paired over the same masks
+        "retrieval_gain_95ci": [low, high],
         "p_null": p_null / spans,
         "utility": utility / spans,
         "sentences": spans,

@@ -159,6 +159,7 @@ class RealmModel(nn.Module):
             stats["accuracy"] = correct.sum() / batch.mask_valid.sum()
             null_correct = (log_probs[:, 0].argmax(-1) == batch.targets) & batch.mask_valid
             stats["null_accuracy"] = null_correct.sum() / batch.mask_valid.sum()
+            stats["null_correct"] = null_correct  # (B, M), the null document alone: the paired baseline
             stats["log_pz"] = log_pz  # (B, K), for per-example reports
             stats["token_log_probs"] = token_log_probs.detach()  # (B, K, M)
             stats["uncentred_queries"] = q.detach() + self.retriever.query_tower.mask_center  # (B, D): all masked
