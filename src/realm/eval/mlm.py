@@ -79,7 +79,7 @@ def masked_span_accuracy(
     max_masks: int = 10,
     limit: int | None = None,
     batch_size: int = 16,
-) -> dict[str, float]:
+) -> dict[str, float | list[float]]:
     """Token accuracy, whole-span accuracy, mean p(null) and mean retrieval utility over the sentences, and the
     token accuracy of the null document alone on the same masks (the same forward pass: the null document is
     candidate 0) with the paired gain of retrieval and its 95% bootstrap interval over sentences."""
