@@ -147,6 +147,17 @@ def hybrid_candidates(
     return ids, sparse.scores(queries, ids)
 
 
+def rank_hybrid(
+    index: MipsIndex, vectors: np.ndarray, ids: np.ndarray, bm25: np.ndarray, weight: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Candidates (Q, C) (-1: none) with their BM25(x, z), sorted by f(x, z) + w · BM25(x, z), best first:
+    (logits, ids, bm25), each (Q, C); logit -inf at -1."""
+    stored = index.stored_vectors(np.where(ids >= 0, ids, index.block_ids[0]))  # (Q, C, D)
+    logits = np.where(ids >= 0, np.einsum("qcd,qd->qc", stored, vectors) + weight * bm25, -np.inf)  # (Q, C)
+    order = np.argsort(-logits, axis=1, kind="stable")
+    return tuple(np.take_along_axis(a, order, 1) for a in (logits, ids, bm25))  # type: ignore[return-value]
+
+
 class HybridSearcher:
     """The union of the dense and the BM25 top k, ranked by f(x, z) + w · BM25(x, z) (module doc)."""
 
@@ -161,12 +172,8 @@ class HybridSearcher:
     def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
         vectors = self.dense.retriever.embed_queries(queries).numpy()  # (Q, D)
         ids, bm25 = hybrid_candidates(self.dense.index, self.sparse, queries, vectors, k)
-        index = self.dense.index
-        stored = index.stored_vectors(np.where(ids >= 0, ids, index.block_ids[0]))  # (Q, C, D)
-        logits = np.einsum("qcd,qd->qc", stored, vectors) + self.bm25_weight * bm25  # (Q, C)
-        logits = np.where(ids >= 0, logits, -np.inf)
-        order = np.argsort(-logits, axis=1, kind="stable")[:, :k]
-        return _hits(self.store, np.take_along_axis(logits, order, 1), np.take_along_axis(ids, order, 1))
+        logits, ids, _ = rank_hybrid(self.dense.index, vectors, ids, bm25, self.bm25_weight)
+        return _hits(self.store, logits[:, :k], ids[:, :k])
 
     def search(self, query: str, k: int) -> list[SearchHit]:
         return self.batch_search([query], k)[0]

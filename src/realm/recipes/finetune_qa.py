@@ -28,7 +28,14 @@ from realm.data.qa_examples import QAExample, has_answer
 from realm.eval.answerer import Answerer
 from realm.eval.qa import evaluate_qa
 from realm.index.mips import MipsIndex
-from realm.index.search import BM25Searcher, DenseSearcher, HybridSearcher, Searcher, hybrid_candidates
+from realm.index.search import (
+    BM25Searcher,
+    DenseSearcher,
+    HybridSearcher,
+    Searcher,
+    hybrid_candidates,
+    rank_hybrid,
+)
 from realm.models.orqa import QABatch, QAModel
 from realm.models.span_reader import matching_spans, reader_batch
 from realm.training import (
@@ -58,10 +65,8 @@ def retrieve_beam(
         _, ids = index.search(vectors, beam)
         return ids, np.zeros(ids.shape, dtype=np.float32)
     ids, bm25 = hybrid_candidates(index, sparse, questions, vectors, beam)
-    stored = index.stored_vectors(np.where(ids >= 0, ids, index.block_ids[0]))  # (B, C, D)
-    logits = np.where(ids >= 0, np.einsum("bcd,bd->bc", stored, vectors) + model.fusion_weight * bm25, -np.inf)
-    order = np.argsort(-logits, axis=1, kind="stable")
-    return np.take_along_axis(ids, order, 1), np.take_along_axis(bm25, order, 1)
+    _, ids, bm25 = rank_hybrid(index, vectors, ids, bm25, model.fusion_weight)
+    return ids, bm25
 
 
 def make_qa_batch(
