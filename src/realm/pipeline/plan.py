@@ -108,7 +108,7 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
         stages += [StageEstimate(name, 0, 0.0, embed) for name in ("baseline_index", "ict_index", "realm_index")]
         stages += [
             StageEstimate("qa", qa_steps, c.qa_step, 0.0),
-            StageEstimate("eval", 0, 0.0, 2 * work.qa_dev * c.qa_question),
+            StageEstimate("eval", 0, 0.0, 3 * work.qa_dev * c.qa_question),
         ]
     if work.ablations:
         stages += [StageEstimate("qa_ict", qa_steps, c.qa_step, work.qa_dev * c.qa_question)]
