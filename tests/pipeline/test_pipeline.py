@@ -232,3 +232,15 @@ def test_a_stopped_run_has_a_report_of_what_finished(tiny_run, monkeypatch):
     assert "In progress" in text and "## Training curves" in text and "## Open-QA exact match" not in text
     stages = text.split("## Stages")[1].split("##")[0]
     assert "| qa |" in stages and "| eval |" in stages and stages.count("pending") == 1  # eval: not yet run
+
+
+def test_curves_are_smoothed_with_a_debiased_moving_average(tmp_path):
+    from realm.pipeline.curves import ema, plot_curves
+
+    assert ema([3.0] * 5) == pytest.approx([3.0] * 5)  # debiased: no pull toward 0 at the start
+    noisy = [float(i % 2) for i in range(200)]  # 0, 1, 0, 1, ...
+    smoothed = ema(noisy, span=20)
+    assert max(smoothed[50:]) - min(smoothed[50:]) < 0.1 < max(noisy) - min(noisy)
+    assert ema([0.0] * 20 + [1.0] * 100)[-1] == pytest.approx(1.0, abs=1e-3)  # it follows a change
+    rows = [{"step": i, "loss": 5.0 - i / 50 + (i % 3), "dev_em": 10.0} for i in range(1, 60)]
+    assert plot_curves("qa", rows, tmp_path / "qa.png").stat().st_size > 1000

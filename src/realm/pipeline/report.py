@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from realm.common.io import write_atomic
+from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import Document
 from realm.pipeline.plan import PipelinePlan
 from realm.training import read_metrics
@@ -20,43 +21,6 @@ PAPER_ABLATIONS = {
     "masking": ("salient-span masking", "random uniform masking", 38.2, 32.3, "qa_uniform"),
     "index": ("refreshed index", "frozen (stale) index", 38.2, 28.7, "qa_frozen"),
 }
-CURVES = {  # trainer stage -> the metrics plotted, in panel order
-    "ict": ("loss", "accuracy"),
-    "realm": ("loss", "accuracy", "utility", "staleness_steps"),
-    "qa": ("loss", "train_em", "answer_in_top_k", "dev_em"),
-}
-
-
-def plot_curves(stage: str, rows: list[dict], out: Path) -> Path | None:
-    """One PNG per trainer: a panel per metric against the step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [m for m in CURVES[stage] if any(m in r for r in rows)]
-    if not names:
-        return None
-    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.0), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        points = [(r["step"], r[name]) for r in rows if name in r]
-        ax.plot(*zip(*points), marker="o" if len(points) < 10 else None, linewidth=1.2)
-        if stage == "realm" and name == "accuracy" and any("null_accuracy" in r for r in rows):
-            ax.plot(
-                *zip(*[(r["step"], r["null_accuracy"]) for r in rows if "null_accuracy" in r]),
-                linewidth=1.0,
-                label="null document only",
-            )
-            ax.legend(fontsize=7)
-        ax.set_title(name.replace("_", " "), fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
-    return out
 
 
 def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
