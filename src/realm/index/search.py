@@ -24,7 +24,6 @@ from realm.index.mips import MipsIndex
 from realm.models.realm import RealmModel, select_candidates
 from realm.models.retriever import Retriever
 
-logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
 
 
 @dataclass(frozen=True)
@@ -90,6 +89,8 @@ class BM25Searcher:
 
     def __init__(self, store: BlockStore):
         import bm25s  # only BM25 needs it (a GPU image may not have it)
+
+        logging.getLogger("bm25s").setLevel(logging.WARNING)  # its import sets DEBUG: a line per index build
 
         self.store = store
         self.ids = store.live_ids  # BM25 row -> block id
