@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import SHARED_DATA
 
@@ -102,3 +104,22 @@ def test_load_qa_files(tmp_path, caplog):
     (example,) = load_qa(bad_regex)
     assert "bad.regex.jsonl:1" in caplog.text and "does not compile" in caplog.text
     assert has_answer("Paris, France", example) and not has_answer("(unclosed", example)
+
+
+def test_qa_split_is_a_function_of_each_question(tmp_path, capsys):
+    from realm.cli.main import main
+
+    source = tmp_path / "trec.regex.jsonl"
+    lines = [json.dumps({"question": f"question {i}?", "answer": [f"a{i}|b"]}) for i in range(200)]
+    source.write_text("\n".join(lines) + "\n")
+    assert main(["qa", "split", str(source), "--dev-fraction", "0.25", "--out", str(tmp_path / "s")]) == 0
+    train, dev = (load_qa(tmp_path / "s" / f"{part}.regex.jsonl") for part in ("train", "dev"))
+    assert all(e.regex for e in train + dev) and len(train) + len(dev) == 200 and 30 < len(dev) < 70
+    assert {e.question for e in train}.isdisjoint({e.question for e in dev})
+    shuffled = tmp_path / "shuffled.regex.jsonl"
+    shuffled.write_text("\n".join(reversed(lines)) + "\n")  # another order: the same questions on each side
+    assert main(["qa", "split", str(shuffled), "--dev-fraction", "0.25", "--out", str(tmp_path / "t")]) == 0
+    assert {e.question for e in load_qa(tmp_path / "t" / "dev.regex.jsonl")} == {e.question for e in dev}
+    (tmp_path / "bad.jsonl").write_text(lines[0] + "\n{oops\n")
+    assert main(["qa", "split", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "u")]) == 2
+    assert "bad.jsonl:2:" in capsys.readouterr().err and not (tmp_path / "u").exists()

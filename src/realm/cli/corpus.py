@@ -1,4 +1,5 @@
-"""`realm corpus build`: documents -> blocks of at most N wordpieces (the knowledge corpus Z)."""
+"""`realm corpus build`: documents -> blocks of at most N wordpieces (the knowledge corpus Z); `realm qa split`:
+a QA file -> train and dev parts."""
 
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ def cmd_corpus_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_qa_split(args: argparse.Namespace) -> int:
+    from realm.data.qa_examples import split_qa_file
+
+    train, dev, n_train, n_dev = split_qa_file(args.input, args.dev_fraction, args.out)
+    print(f"{args.input}: {n_train} questions -> {train}, {n_dev} -> {dev}")
+    return 0
+
+
 def add_commands(commands) -> None:
     corpus = commands.add_parser("corpus", help="knowledge corpus").add_subparsers(dest="action", required=True)
     build = corpus.add_parser("build", help="split documents into blocks")
@@ -42,3 +51,11 @@ def add_commands(commands) -> None:
     build.add_argument("--text-column", default="text", help="the field of a document's text")
     common(build)
     build.set_defaults(run=cmd_corpus_build)
+
+    qa = commands.add_parser("qa", help="question-answer files").add_subparsers(dest="action", required=True)
+    split = qa.add_parser("split", help="split off a dev part (by a hash of each question) for tuning")
+    split.add_argument("input", help="JSONL {question, answer: [...]} (*.regex.jsonl: regexes)")
+    split.add_argument("--dev-fraction", type=float, default=0.2)
+    split.add_argument("--out", required=True, help="folder for train.jsonl and dev.jsonl (.regex.jsonl for regexes)")
+    common(split)
+    split.set_defaults(run=cmd_qa_split)

@@ -9,14 +9,16 @@ and never matches. Recall (does a block hold the answer) searches the NFD text a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 import unicodedata
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
+from realm.common.io import write_atomic
 from realm.data.sources import open_text
 
 log = logging.getLogger(__name__)
@@ -107,3 +109,30 @@ def load_qa(path: str | Path) -> list[QAExample]:
     if not examples:
         raise ValueError(f"{path}: no QA examples")
     return examples
+
+
+def split_qa_file(path: str | Path, dev_fraction: float, out_dir: str | Path) -> tuple[Path, Path, int, int]:
+    """Split a QA file into train and dev parts by a hash of each question (so the split never depends on line
+    order and the same question always lands on the same side), lines copied as they are. Writes
+    out_dir/train.jsonl and out_dir/dev.jsonl (`.regex.jsonl` for regex answers); returns the two paths and
+    their sizes."""
+    if not 0 < dev_fraction < 1:
+        raise ValueError(f"--dev-fraction must be between 0 and 1, not {dev_fraction}")
+    path, out_dir = Path(path), Path(out_dir)
+    examples = load_qa(path)  # validates every line first, naming the bad one
+    suffix = ".regex.jsonl" if examples[0].regex else ".jsonl"
+    parts: dict[str, list[str]] = {"train": [], "dev": []}
+    with open_text(path) as lines:
+        for line in lines:
+            if line.strip():
+                question = json.loads(line)["question"].strip()
+                bucket = int(hashlib.sha256(question.encode()).hexdigest()[:8], 16) / 2**32
+                parts["dev" if bucket < dev_fraction else "train"].append(line.rstrip("\n") + "\n")
+    written = []
+    for name, rows in parts.items():
+        if not rows:
+            raise ValueError(f"{path}: the {name} part would be empty; choose another --dev-fraction")
+        target = out_dir / f"{name}{suffix}"
+        write_atomic(target, partial(Path.write_text, data="".join(rows)))
+        written.append(target)
+    return written[0], written[1], len(parts["train"]), len(parts["dev"])

@@ -25,7 +25,6 @@ from realm.models.realm import RealmModel, select_candidates
 from realm.models.retriever import Retriever
 
 
-
 @dataclass(frozen=True)
 class SearchHit:
     block_id: int
