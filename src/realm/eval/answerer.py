@@ -57,7 +57,7 @@ def compose_answer(
     pz = torch.softmax(block_logits.float(), 0).tolist()
     totals: dict[str, float] = {}  # normalised answer -> p(y | x)
     shown: dict[str, str] = {}  # normalised answer -> its text as first read
-    per_block: list[dict[str, tuple[float, tuple[int, int]]]] = []  # normalised answer -> (sum p(s|z,x), best span)
+    per_block: list[dict[str, tuple[float, tuple[int, int]]]] = []  # normalised answer -> (sum p(z,s|x), best span)
     for z, (hit, spans) in enumerate(zip(hits, blocks)):
         found: dict[str, tuple[float, tuple[int, int]]] = {}
         count = min(SPANS_PER_BLOCK, len(spans.spans))

@@ -17,7 +17,7 @@ from realm.common.io import write_atomic
 from realm.data.qa_examples import QAExample, has_answer, is_exact_match, normalize_answer
 from realm.eval.answerer import Answer, Answerer
 from realm.eval.intervals import bootstrap_interval, paired_difference
-from realm.eval.retrieval import recall_at_k
+from realm.eval.retrieval import first_answer_ranks, recall_from_ranks
 
 OUTCOMES = ("exact_match", "not_retrieved", "retrieved_not_read", "read_not_exact")
 
@@ -53,8 +53,8 @@ def evaluate_qa(
         answers += answerer.read(
             [e.question for e in part], [row[: answerer.k] for row in hits[start : start + len(part)]]
         )
-    retrieved = [any(has_answer(h.text, e) for h in row[: answerer.k]) for e, row in zip(examples, hits)]
-    outcomes = [outcome(a.answer, e, r) for a, e, r in zip(answers, examples, retrieved)]
+    first_hit = first_answer_ranks(examples, hits)  # one pass serves recall@k and the outcomes
+    outcomes = [outcome(a.answer, e, r is not None and r < answerer.k) for a, e, r in zip(answers, examples, first_hit)]
     correct = [o == "exact_match" for o in outcomes]
     if predictions is not None:
         lines = [
@@ -78,7 +78,7 @@ def evaluate_qa(
     return {
         "exact_match": round(100.0 * sum(correct) / len(examples), 2),
         "exact_match_95ci": [round(low, 2), round(high, 2)],
-        **{name: round(value, 2) for name, value in recall_at_k(examples, hits, ks).items()},
+        **{name: round(value, 2) for name, value in recall_from_ranks(first_hit, ks).items()},
         "outcomes": {name: round(100.0 * outcomes.count(name) / len(examples), 2) for name in OUTCOMES},
         "questions": len(examples),
         "reader_top_k": answerer.k,
