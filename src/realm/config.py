@@ -112,6 +112,9 @@ class PretrainConfig:
     head_lr_multiplier: float = 1.0  # the reader's masked-LM head; >1 when it starts fresh (MiniLM has none)
     retriever_lr: float | None = None  # both towers; None: `lr`
     retriever_frozen_steps: int = 0  # towers keep lr 0 this long, while a fresh head learns to read
+    # the first N steps read the null document alone (masked-LM without retrieval: one short sequence an example
+    # instead of num_candidates long ones), a cheap warm-up of a fresh head; the towers stay frozen meanwhile
+    null_warmup_steps: int = 0
     warmup_steps: int = 10_000
     num_candidates: int = 8  # including the null document, which is always first
     max_masks: int = 10

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,7 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     ablations = text.split("## Ablations")[1].split("##")[0]
     rows = [line for line in ablations.splitlines() if line.startswith(("| retriever |", "| masking |", "| index |"))]
     assert len(rows) == 3 and all(" vs " in row and "| 38.20 |" in row for row in rows)
+    assert all(re.search(r"\| \[[+-]\d+\.\d, [+-]\d+\.\d\] \|", row) for row in rows)  # paired intervals
 
     said.clear()
     Pipeline(tiny_run, TINY_PIPELINE, said.append).run()  # everything matches: nothing runs again

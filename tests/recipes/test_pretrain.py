@@ -424,6 +424,17 @@ def test_null_only_baseline_trains_without_an_index(tmp_path, tiny_corpus):
     assert "index_version" not in metrics[0] and not (tmp_path / "null" / "index").exists()
 
 
+def test_null_warmup_reads_the_null_document_then_retrieves(tmp_path, tiny_corpus):
+    """The first null_warmup_steps train the reader on the null document alone; retrieval starts after them."""
+    from realm.recipes.pretrain import train_pretrain
+
+    preset = dataclasses.replace(TINY_PRESET, pretrain=dataclasses.replace(TINY_PRESET.pretrain, null_warmup_steps=2))
+    train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", preset, progress=False)
+    metrics = _metrics(tmp_path / "run")
+    assert [m["p_null"] == 1.0 for m in metrics] == [True, True, False, False]
+    assert all(m["index_version"] == 1 for m in metrics)  # the first index is built before the warm-up
+
+
 @pytest.mark.slow
 def test_training_survives_a_dead_builder(tmp_path, tiny_corpus, monkeypatch):
     import subprocess

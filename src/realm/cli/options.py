@@ -38,6 +38,7 @@ FLAG_FIELDS: dict[str, dict[str, str]] = {
             "lr",
             "retriever_lr",
             "retriever_frozen_steps",
+            "null_warmup_steps",
             "num_candidates",
             "masking",
             "refresh_every",

@@ -100,6 +100,11 @@ def add_commands(commands) -> None:
         help="towers stay frozen for the first N steps while the reader's fresh head learns",
     )
     pretrain.add_argument(
+        "--null-warmup-steps",
+        type=non_negative_int,
+        help="the first N steps train the reader on the null document alone (no retrieval; cheap steps)",
+    )
+    pretrain.add_argument(
         "--num-candidates", type=positive_int, help="candidates per query, the null document included"
     )
     pretrain.add_argument("--masking", choices=["salient", "random-span", "uniform"])

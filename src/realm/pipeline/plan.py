@@ -79,6 +79,7 @@ def scale_preset(preset: Preset, scale: float, qa_train: int) -> Preset:
         steps=steps,
         warmup_steps=_scaled(pretrain.warmup_steps, scale),
         retriever_frozen_steps=min(steps - 1, round(pretrain.retriever_frozen_steps * scale)),
+        null_warmup_steps=min(steps - 1, round(pretrain.null_warmup_steps * scale)),
         refresh_every=_scaled(pretrain.refresh_every, scale) if pretrain.refresh_every else 0,
         checkpoint_every=_scaled(pretrain.checkpoint_every, scale),
     )

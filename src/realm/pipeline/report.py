@@ -159,29 +159,34 @@ def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
     )
 
 
-def _ablations(doc: Document, r: dict) -> None:
-    """One row per ablation; a row whose run has not finished yet shows dashes."""
+def _ablations(doc: Document, r: dict, run_dir: Path) -> None:
+    """One row per ablation, with the paired difference over the same dev questions (dense retrieval, as the
+    ablations vary the retriever's pretraining); a row whose run has not finished yet shows dashes."""
+    from realm.eval.qa import compare_predictions
+
     doc.heading("Ablations (the paper's, in miniature)")
     doc.paragraph(
-        "Exact match on our dev questions after fine-tuning; the paper's numbers are NQ dev exact match "
-        "(Guu et al., 2020). Same corpus, data and step counts for every row."
+        "Exact match on our dev questions after fine-tuning, each system with its own dense retriever; the paper's "
+        "numbers are NQ dev exact match (Guu et al., 2020). Same corpus, data and step counts for every row. "
+        "The difference is paired over the same questions, with its 95% bootstrap interval."
     )
     rows = []
     for what, (ours_label, other_label, paper_ours, paper_other, other_stage) in PAPER_ABLATIONS.items():
         ours = r["eval"]["dense"]["exact_match"]
-        other = r[other_stage]["dense"]["exact_match"] if other_stage in r else None
+        other, difference, interval = None, None, None
+        if other_stage in r:
+            paired = compare_predictions(
+                run_dir / "eval" / "predictions_dense.jsonl", run_dir / other_stage / "predictions_dense.jsonl"
+            )
+            other, difference = paired["exact_match_b"], paired["difference"]
+            interval = "[{:+.1f}, {:+.1f}]".format(*paired["difference_95ci"])
         rows.append(
-            [
-                what,
-                f"{ours_label} vs {other_label}",
-                ours,
-                other,
-                None if other is None else ours - other,
-                paper_ours,
-                paper_other,
-            ]
+            [what, f"{ours_label} vs {other_label}", ours, other, difference, interval, paper_ours, paper_other]
         )
-    doc.table(["ablation", "comparison", "ours EM", "ablated EM", "difference", "paper EM", "paper ablated EM"], rows)
+    doc.table(
+        ["ablation", "comparison", "ours EM", "ablated EM", "difference", "95% interval", "paper EM", "paper ablated"],
+        rows,
+    )
 
 
 def _examples(doc: Document, r: dict, plan: PipelinePlan) -> None:
@@ -264,7 +269,7 @@ def write_report(
     if "eval" in r:
         _qa_tables(doc, r, plan)
     if has_ablations:
-        _ablations(doc, r)
+        _ablations(doc, r, run_dir)
     if "examples" in r:
         _examples(doc, r, plan)
 
@@ -275,7 +280,7 @@ def write_report(
     if "eval" in r:
         _qa_tables(results, r, plan)
     if has_ablations:
-        _ablations(results, r)
+        _ablations(results, r, run_dir)
 
     report = run_dir / "report.md"
     write_atomic(report, lambda tmp: tmp.write_text(doc.markdown(run_dir), encoding="utf-8"))

@@ -156,7 +156,8 @@ def train_pretrain(
     torch.manual_seed(cfg.seed + d.rank)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    policy = RefreshPolicy(cfg.refresh_every, start_step=cfg.retriever_frozen_steps)
+    frozen_steps = max(cfg.retriever_frozen_steps, cfg.null_warmup_steps)  # no retrieval, no tower gradient
+    policy = RefreshPolicy(cfg.refresh_every, start_step=frozen_steps)
     store = BlockStore(corpus)
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
     if d.main:
@@ -178,9 +179,7 @@ def train_pretrain(
         cfg.lr,
         prefix_lrs={"reader.mlm.cls.": cfg.lr * cfg.head_lr_multiplier, "retriever.": cfg.retriever_lr or cfg.lr},
     )
-    scheduler = linear_schedule(
-        optimizer, cfg.warmup_steps, cfg.steps, start_at={"retriever.": cfg.retriever_frozen_steps}
-    )
+    scheduler = linear_schedule(optimizer, cfg.warmup_steps, cfg.steps, start_at={"retriever.": frozen_steps})
     step, position = 0, DataPosition()
     if d.main:
         record_run_config(
@@ -249,7 +248,7 @@ def train_pretrain(
             local = indices[d.rank :: d.world_size]
             batch = make_pretrain_batch(
                 model,
-                index,
+                index if step >= cfg.null_warmup_steps else None,
                 sentences,
                 local,
                 epoch,
