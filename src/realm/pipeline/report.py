@@ -159,20 +159,14 @@ def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
     )
 
 
-def _ablations(doc: Document, r: dict, run_dir: Path) -> None:
+def _ablation_rows(r: dict, run_dir: Path) -> list[list]:
     """One row per ablation, with the paired difference over the same dev questions (dense retrieval, as the
     ablations vary the retriever's pretraining); a row whose run has not finished yet shows dashes."""
     from realm.eval.qa import compare_predictions
 
-    doc.heading("Ablations (the paper's, in miniature)")
-    doc.paragraph(
-        "Exact match on our dev questions after fine-tuning, each system with its own dense retriever; the paper's "
-        "numbers are NQ dev exact match (Guu et al., 2020). Same corpus, data and step counts for every row. "
-        "The difference is paired over the same questions, with its 95% bootstrap interval."
-    )
+    ours = r["eval"]["dense"]["exact_match"]
     rows = []
     for what, (ours_label, other_label, paper_ours, paper_other, other_stage) in PAPER_ABLATIONS.items():
-        ours = r["eval"]["dense"]["exact_match"]
         other, difference, interval = None, None, None
         if other_stage in r:
             paired = compare_predictions(
@@ -183,6 +177,16 @@ def _ablations(doc: Document, r: dict, run_dir: Path) -> None:
         rows.append(
             [what, f"{ours_label} vs {other_label}", ours, other, difference, interval, paper_ours, paper_other]
         )
+    return rows
+
+
+def _ablations(doc: Document, rows: list[list]) -> None:
+    doc.heading("Ablations (the paper's, in miniature)")
+    doc.paragraph(
+        "Exact match on our dev questions after fine-tuning, each system with its own dense retriever; the paper's "
+        "numbers are NQ dev exact match (Guu et al., 2020). Same corpus, data and step counts for every row. "
+        "The difference is paired over the same questions, with its 95% bootstrap interval."
+    )
     doc.table(
         ["ablation", "comparison", "ours EM", "ablated EM", "difference", "95% interval", "paper EM", "paper ablated"],
         rows,
@@ -253,6 +257,7 @@ def write_report(
     r = {name: record.result for name, record in records.items()}
     planned = {s.name for s in plan.stages}
     has_ablations = "eval" in r and any(other in planned for *_, other in PAPER_ABLATIONS.values())
+    ablation_rows = _ablation_rows(r, run_dir) if has_ablations else []  # read once, shown twice
     status = (
         "" if complete else f" **In progress:** {len(records)} stages done; the Stages table lists those still pending."
     )
@@ -269,7 +274,7 @@ def write_report(
     if "eval" in r:
         _qa_tables(doc, r, plan)
     if has_ablations:
-        _ablations(doc, r, run_dir)
+        _ablations(doc, ablation_rows)
     if "examples" in r:
         _examples(doc, r, plan)
 
@@ -280,7 +285,7 @@ def write_report(
     if "eval" in r:
         _qa_tables(results, r, plan)
     if has_ablations:
-        _ablations(results, r, run_dir)
+        _ablations(results, ablation_rows)
 
     report = run_dir / "report.md"
     write_atomic(report, lambda tmp: tmp.write_text(doc.markdown(run_dir), encoding="utf-8"))
