@@ -1,15 +1,19 @@
-"""Does retrieval help the language model? Masked-span accuracy on held-out sentences of the corpus.
+"""Does REALM pretraining do what the paper says? Masked-span accuracy with and without retrieval, and the
+retriever's zero-shot recall against its warm start, each with a paired 95% interval.
 
-Held-out sentences come from documents the trainers never saw as X (they stay in the knowledge corpus
-Z, minus the trivial retrievals). One salient span per sentence is masked, with the same seeded masks
-for every model. Rows:
-    (a) warm-start reader (MiniLM, fresh MLM head), null document only
-    (b) the same training budget of masked-LM with the null document only (`--num-candidates 1`)
-    (c) REALM pretraining, with retrieval from the run's last index version (and, for reference, its
-        reader with the null document only)
-The baseline is (a), measured in the same run.
+Held-out sentences come from documents the trainer never saw as X (they stay in the knowledge corpus Z, minus
+the trivial retrievals); one salient span each is masked, with the same seeded masks for every model. For
+each `--run` (a `realm train pretrain` output):
+    - masked-token accuracy of its reader with retrieval (the marginal over the null document and the
+      run's last index version) and with the null document alone, same masks, same forward pass; the paired
+      gain of retrieval and its interval over sentences;
+    - with `--qa`: zero-shot recall@k of its retriever (over `--run NAME=RUN=INDEX`, an index built from the
+      run's final towers) and the paired difference in hit@5 against the `--warm-start` retriever, the
+      baseline measured in the same run.
 
-    python benchmarks/pretrain_eval.py --corpus data/dev/corpus --null-run runs/dev/mlm_null --realm-run runs/dev/realm
+    python benchmarks/pretrain_eval.py --corpus runs/pipe120/corpus \
+        --warm-start runs/pipe120/ict/retriever=runs/pipe120/ict_index/index \
+        --run realm=runs/pipe120/realm=runs/pipe120/realm_index/index --qa ../shared/data/qa/squad_open_dev.jsonl
 """
 
 from __future__ import annotations
@@ -17,63 +21,91 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
+
 from realm.config import get_preset
 from realm.data.blocks import BlockStore
+from realm.data.qa_examples import load_qa
 from realm.data.sentences import SentenceSet, build_sentences
+from realm.eval.intervals import bootstrap_interval, paired_difference
 from realm.eval.mlm import masked_span_accuracy
+from realm.eval.retrieval import first_answer_ranks
 from realm.index.mips import MipsIndex
+from realm.index.search import DenseSearcher, search_all
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmModel
 from realm.models.retriever import Retriever
+
+KS = (1, 5, 20)
+
+
+def hits_at(retriever: str, index_dir: str, questions: list, preset) -> np.ndarray:
+    """(Q, len(KS)) 0/1: does a top-k block hold an answer."""
+    index = MipsIndex(index_dir)
+    searcher = DenseSearcher(index, Retriever.load(retriever, index.retriever_config(preset.retriever)))
+    ranks = first_answer_ranks(questions, search_all(searcher, [q.question for q in questions], max(KS)))
+    return np.array([[r is not None and r < k for k in KS] for r in ranks], dtype=np.float64)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", required=True)
-    parser.add_argument("--null-run", required=True, help="output of `realm train pretrain --num-candidates 1`")
-    parser.add_argument("--realm-run", required=True, help="output of `realm train pretrain`")
+    parser.add_argument("--run", action="append", required=True, help="NAME=RUN_DIR[=INDEX of its final towers]")
+    parser.add_argument("--warm-start", help="RETRIEVER=INDEX: the baseline for zero-shot recall")
+    parser.add_argument("--qa", help="questions for zero-shot recall (needs --warm-start and each run's INDEX)")
     parser.add_argument("--preset", default="cpu")
-    parser.add_argument("--limit", type=int, help="at most this many held-out sentences")
+    parser.add_argument("--limit", type=int, help="at most this many held-out sentences (default: all)")
     args = parser.parse_args()
     preset = get_preset(args.preset)
     store = BlockStore(args.corpus)
     held_out = SentenceSet(build_sentences(store, progress=False), preset.pretrain.held_out_fraction, held_out=True)
     print(
-        f"{len(held_out)} held-out sentences from {len(set(held_out.doc_ids))} documents "
-        f"(held-out fraction {preset.pretrain.held_out_fraction})"
+        f"{len(held_out)} held-out sentences from {len(set(held_out.doc_ids))} documents; scoring {args.limit or 'all'}"
     )
     k = preset.pretrain.num_candidates
-    realm_run = Path(args.realm_run)
+    runs = [spec.split("=") for spec in args.run]
 
-    def evaluate(retriever: str, reader: str, index: MipsIndex | None) -> dict:
-        model = RealmModel(Retriever.load(retriever, preset.retriever), Reader.load(reader))
-        return masked_span_accuracy(
+    print(f"\n| run | token acc. with retrieval ({k} candidates) | null document only | gain [95%] | p(null) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, run_dir, *_ in runs:
+        model = RealmModel(
+            Retriever.load(str(Path(run_dir) / "retriever"), preset.retriever),
+            Reader.load(str(Path(run_dir) / "reader")),
+        )
+        r = masked_span_accuracy(
             model,
             held_out,
             store,
-            index,
+            MipsIndex(Path(run_dir) / "index"),
             k,
             preset.retriever.query_max_tokens,
             preset.pretrain.max_masks,
             limit=args.limit,
         )
-
-    rows = {
-        "(a) warm-start reader, null document only": evaluate("minilm", "minilm", None),
-        "(b) masked-LM, null document only, same budget": evaluate("minilm", str(Path(args.null_run) / "reader"), None),
-        "(c) REALM reader, null document only": evaluate(str(realm_run / "retriever"), str(realm_run / "reader"), None),
-        f"(c) REALM, retrieval ({k} candidates incl. null)": evaluate(
-            str(realm_run / "retriever"), str(realm_run / "reader"), MipsIndex(realm_run / "index")
-        ),
-    }
-    base = rows["(a) warm-start reader, null document only"]["token_accuracy"]
-    print("\n| model | token acc. % | whole-span acc. % | vs (a) | mean p(null) | retrieval utility |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, r in rows.items():
-        ratio = f"{r['token_accuracy'] - base:+.2f} pts"
+        low, high = r["retrieval_gain_95ci"]
         print(
-            f"| {name} | {r['token_accuracy']:.2f} | {r['span_accuracy']:.2f} | {ratio} | {r['p_null']:.3f} | "
-            f"{r['utility']:+.3f} |"
+            f"| {name} | {r['token_accuracy']:.2f} | {r['null_token_accuracy']:.2f} | "
+            f"{r['retrieval_gain']:+.2f} [{low:+.2f}, {high:+.2f}] | {r['p_null']:.3f} |"
+        )
+
+    if not args.qa:
+        return
+    if not args.warm_start or any(len(run) != 3 for run in runs):
+        parser.error("--qa needs --warm-start RETRIEVER=INDEX and every --run as NAME=RUN_DIR=INDEX")
+    questions = load_qa(args.qa)
+    base = hits_at(*args.warm_start.split("="), questions, preset)
+    print(f"\n{len(questions)} questions of {args.qa}, zero-shot")
+    print("| retriever | recall@1 | recall@5 [95%] | recall@20 | recall@5 minus the warm start [95%] |")
+    print("|---|---:|---:|---:|---:|")
+    rows = [("warm start", base)] + [
+        (name, hits_at(f"{run}/retriever", index, questions, preset)) for name, run, index in runs
+    ]
+    for name, hits in rows:
+        low, high = bootstrap_interval(100 * hits[:, 1])
+        diff, (dlow, dhigh) = paired_difference(100 * hits[:, 1], 100 * base[:, 1])
+        print(
+            f"| {name} | {100 * hits[:, 0].mean():.2f} | {100 * hits[:, 1].mean():.2f} [{low:.1f}, {high:.1f}] | "
+            f"{100 * hits[:, 2].mean():.2f} | {diff:+.2f} [{dlow:+.2f}, {dhigh:+.2f}] |"
         )
 
 

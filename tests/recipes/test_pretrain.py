@@ -92,7 +92,31 @@ def test_gradient_reaches_both_towers_and_reader(tiny_corpus, tokenizer):
     loss.backward()
     for part in (model.retriever.query_tower, model.retriever.doc_tower, model.reader):
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in part.parameters())
+    assert model.null_score.grad is not None and model.null_score.grad.abs() > 0
     assert 0 <= stats["accuracy"].item() <= 1
+
+
+def test_null_score_offsets_the_null_document_and_is_saved_with_the_retriever(tmp_path, tiny_corpus, tokenizer):
+    from realm.models.mlm_reader import Reader
+    from realm.models.realm import RealmModel
+
+    reader = Reader.load("random", NO_DROPOUT_SHAPE)
+    model = RealmModel(Retriever.load("random", TINY_PRESET.retriever), reader)
+    query = mask_sentence(
+        "Paris is the capital of France.", [(0, 5)], "salient", tokenizer, 32, 5, np.random.default_rng(0)
+    )
+    batch = make_batch([query], np.array([[0, 1]]), tiny_corpus, tokenizer, tiny_corpus.config)
+    with torch.no_grad():
+        _, before = model(batch)
+        model.null_score.fill_(2.0)
+        _, after = model(batch)
+    gap = lambda stats: (stats["log_pz"][0, 0] - stats["log_pz"][0, 1]).item()  # noqa: E731
+    assert gap(after) == pytest.approx(gap(before) + 2.0, abs=1e-4)  # log p(null) - log p(z1) moves by b_null
+    assert torch.equal(after["token_log_probs"], before["token_log_probs"])  # the reader is untouched
+    model.export_null_score()
+    model.retriever.save(tmp_path / "retriever")
+    reloaded = RealmModel(Retriever.load(str(tmp_path / "retriever"), TINY_PRESET.retriever), reader)
+    assert reloaded.null_score.item() == pytest.approx(2.0)
 
 
 def test_trivial_candidates_are_dropped_and_null_is_first(tiny_corpus, tokenizer):
@@ -162,16 +186,23 @@ def test_refresh_policy():
 
 
 def test_towers_keep_zero_lr_until_their_start():
-    model = torch.nn.ModuleDict({"retriever": torch.nn.Linear(2, 2), "reader": torch.nn.Linear(2, 2)})
-    optimizer = bert_optimizer(model, 1.0, prefix_lrs={"retriever.": 0.1})
-    scheduler = linear_schedule(optimizer, warmup=2, total=10, start_at={"retriever.": 4})
-    rates = []
-    for _ in range(10):
-        rates.append({g["prefix"]: round(g["lr"], 4) for g in optimizer.param_groups})
-        optimizer.step()
-        scheduler.step()
-    assert [r["retriever."] for r in rates] == [0, 0, 0, 0, 0.05, 0.1, 0.1, 0.075, 0.05, 0.025]
-    assert [r[""] for r in rates] == [0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125]
+    def rates(**schedule) -> list[dict[str, float]]:
+        model = torch.nn.ModuleDict({"retriever": torch.nn.Linear(2, 2), "reader": torch.nn.Linear(2, 2)})
+        optimizer = bert_optimizer(model, 1.0, prefix_lrs={"retriever.": 0.1})
+        scheduler = linear_schedule(optimizer, warmup=2, total=10, start_at={"retriever.": 4}, **schedule)
+        seen = []
+        for _ in range(10):
+            seen.append({g["prefix"]: round(g["lr"], 4) for g in optimizer.param_groups})
+            optimizer.step()
+            scheduler.step()
+        return seen
+
+    plain = rates()
+    assert [r["retriever."] for r in plain] == [0, 0, 0, 0, 0.05, 0.1, 0.1, 0.075, 0.05, 0.025]
+    assert [r[""] for r in plain] == [0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125]
+    held = rates(decay_from=6)  # a warm-up phase at the full rate, then the decay over the rest
+    assert [r[""] for r in held] == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25]
+    assert [r["retriever."] for r in held] == [0, 0, 0, 0, 0.05, 0.1, 0.1, 0.075, 0.05, 0.025]
 
 
 def test_fused_optimizer_matches_reference_adamw():
@@ -433,6 +464,7 @@ def test_null_warmup_reads_the_null_document_then_retrieves(tmp_path, tiny_corpu
     metrics = _metrics(tmp_path / "run")
     assert [m["p_null"] == 1.0 for m in metrics] == [True, True, False, False]
     assert all(m["index_version"] == 1 for m in metrics)  # the first index is built before the warm-up
+    assert Retriever.load(str(tmp_path / "run"), TINY_PRESET.retriever).null_score != 0.0  # b_null trained, saved
 
 
 @pytest.mark.slow

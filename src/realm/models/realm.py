@@ -3,11 +3,19 @@
 For a masked sentence x with masks j and candidates z_0 = null document, z_1..z_{K-1} from MIPS:
 
     f(x, z)          = Embed_input(x) · Embed_doc(z)                       # recomputed, gradients reach both towers
+    f(x, null)       = Embed_input(x) · Embed_doc(null) + b_null           # b_null: a learned scalar
     log p(z | x)     = log_softmax_z f(x, z)                              # over the K candidates only
     log p(y_j | x)   = logsumexp_z [ log p(z | x) + log p(y_j | z, x) ]   # per mask, as the released code does
     loss             = - mean_x mean_j log p(y_j | x)
 
-Retrieval utility = mean_j [ log p(y_j | x) - log p(y_j | null, x) ]: positive when retrieval helps."""
+Retrieval utility = mean_j [ log p(y_j | x) - log p(y_j | null, x) ]: positive when retrieval helps.
+
+b_null is our addition. Through the towers alone, p(null | x) can only rise by moving every query toward the
+one null embedding, which bends the geometry retrieval depends on; at the warm start it sits near 0.005, so
+the marginal barely contains the null document even where retrieved blocks mislead the reader. The offset
+lets the prior of reading nothing follow the data (p(null) is the fraction of the marginal that ignores the
+blocks), and leaves the towers the gradient that ranks candidates per query. It is saved with the
+retriever (Retriever.null_score)."""
 
 from __future__ import annotations
 
@@ -136,6 +144,11 @@ class RealmModel(nn.Module):
         super().__init__()
         self.retriever = retriever
         self.reader = reader
+        self.null_score = nn.Parameter(torch.tensor(retriever.null_score))  # b_null
+
+    def export_null_score(self) -> None:
+        """Copy the trained b_null into the retriever, which saves it."""
+        self.retriever.null_score = float(self.null_score.detach())
 
     def forward(self, batch: RealmBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         batch_size, k = batch.candidate_mask.shape
@@ -144,6 +157,7 @@ class RealmModel(nn.Module):
         null = docs[-1:].expand(batch_size, 1, -1)  # (B, 1, D)
         d = torch.cat([null, docs[:-1].view(batch_size, k - 1, docs.size(-1))], dim=1)  # (B, K, D)
         retrieval_logits = torch.einsum("bd,bkd->bk", q, d)  # f(x, z)
+        retrieval_logits = torch.cat([retrieval_logits[:, :1] + self.null_score, retrieval_logits[:, 1:]], 1)
 
         positions = batch.mask_positions.repeat_interleave(k, dim=0)  # (B*K, M)
         log_probs = self.reader.mask_log_probs(**batch.reader, mask_positions=positions)  # (B*K, M, V)

@@ -22,7 +22,7 @@ a buffer the pretraining recipe estimates and tracks (Suzuki et al. 2013: centri
 Questions and documents hold no `[MASK]`, so neither pooling nor centring changes them.
 
 A checkpoint is a folder:
-    realm.json                      format version, RetrieverConfig
+    realm.json                      format version, RetrieverConfig, the null document's learned offset
     vocab.txt, tokenizer.json, ...  the WordPiece tokenizer
     query_tower/  doc_tower/        each a plain Hugging Face BertModel (config.json + model.safetensors)
                                     plus projection.safetensors (dense + LayerNorm)
@@ -126,13 +126,19 @@ class Retriever(nn.Module):
     """Query tower (Embed_input) and document tower (Embed_doc), with their tokenizer and config."""
 
     def __init__(
-        self, query_tower: Tower, doc_tower: Tower, tokenizer: PreTrainedTokenizerBase, config: RetrieverConfig
+        self,
+        query_tower: Tower,
+        doc_tower: Tower,
+        tokenizer: PreTrainedTokenizerBase,
+        config: RetrieverConfig,
+        null_score: float = 0.0,
     ):
         super().__init__()
         self.query_tower = query_tower
         self.doc_tower = doc_tower
         self.tokenizer = tokenizer
         self.config = config
+        self.null_score = null_score  # b_null of REALM pretraining's f(x, null) (models/realm.py)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -184,7 +190,7 @@ class Retriever(nn.Module):
             )
             tower.load_projection_state(load_file(folder / name / PROJECTION_FILE))
             towers.append(tower)
-        return cls(towers[0], towers[1], tokenizer, config)
+        return cls(towers[0], towers[1], tokenizer, config, meta.get("null_score", 0.0))
 
     def save(self, folder: str | Path) -> None:
         """Write the checkpoint to a temporary sibling and swap it in, so a crash never leaves half a checkpoint."""
@@ -200,6 +206,7 @@ class Retriever(nn.Module):
                 "format_version": CHECKPOINT_FORMAT,
                 "retriever": dataclasses.asdict(self.config),
                 "doc_tower_fingerprint": self.doc_tower.fingerprint(),
+                "null_score": self.null_score,
             }
             (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2) + "\n")
 

@@ -177,9 +177,19 @@ def train_pretrain(
     optimizer = bert_optimizer(
         model,
         cfg.lr,
-        prefix_lrs={"reader.mlm.cls.": cfg.lr * cfg.head_lr_multiplier, "retriever.": cfg.retriever_lr or cfg.lr},
+        prefix_lrs={
+            "reader.mlm.cls.": cfg.lr * cfg.head_lr_multiplier,
+            "retriever.": cfg.retriever_lr or cfg.lr,
+            "null_score": cfg.null_score_lr,
+        },
     )
-    scheduler = linear_schedule(optimizer, cfg.warmup_steps, cfg.steps, start_at={"retriever.": frozen_steps})
+    scheduler = linear_schedule(
+        optimizer,
+        cfg.warmup_steps,
+        cfg.steps,
+        start_at={"retriever.": frozen_steps, "null_score": cfg.null_warmup_steps},
+        decay_from=cfg.null_warmup_steps,  # the reader's null-document phase runs at the full rate
+    )
     step, position = 0, DataPosition()
     if d.main:
         record_run_config(
@@ -304,6 +314,7 @@ def train_pretrain(
         (out / "snapshots").mkdir(parents=True, exist_ok=True)
         (out / "snapshots" / STOP_FILE).touch()
     if d.main:
+        model.export_null_score()
         model.retriever.save(out / "retriever")
         model.reader.save(out / "reader")
     return out
