@@ -31,6 +31,7 @@ from realm.models.realm import (
     NULL_BLOCK,
     make_batch,
     marginal_mlm_loss,
+    retrieval_log_probs,
     select_candidates,
 )
 from realm.models.retriever import Retriever
@@ -61,22 +62,42 @@ TINY_PRESET = Preset(
 
 
 def test_marginal_loss_equals_hand_computation():
-    # One example, candidates (null, z1, z2), two masks; z2 is padding and must not count.
-    f = torch.tensor([[1.0, 2.0, 50.0]])
-    candidate_mask = torch.tensor([[True, True, False]])
-    token_lp = torch.log(torch.tensor([[[0.1, 0.2], [0.6, 0.3], [0.9, 0.9]]]))  # (B=1, K=3, M=2)
+    # One example, candidates (null, z1, z2, z3), two masks; z3 is padding and must not count.
+    f = torch.tensor([[1.0, 2.0, 50.0]])  # f(x, z) of z1..z3
+    candidate_mask = torch.tensor([[True, True, True, False]])
+    b_null = torch.tensor(0.5)
+    token_lp = torch.log(torch.tensor([[[0.1, 0.2], [0.6, 0.3], [0.5, 0.4], [0.9, 0.9]]]))  # (B=1, K=4, M=2)
     valid = torch.tensor([[True, True]])
-    loss, stats = marginal_mlm_loss(f, candidate_mask, token_lp, valid)
-    p_null, p_z1 = math.exp(1) / (math.exp(1) + math.exp(2)), math.exp(2) / (math.exp(1) + math.exp(2))
-    m1 = math.log(p_null * 0.1 + p_z1 * 0.6)
-    m2 = math.log(p_null * 0.2 + p_z1 * 0.3)
+    log_pz = retrieval_log_probs(f, candidate_mask, b_null)
+    p_null = 1 / (1 + math.exp(-0.5))
+    p_z1 = (1 - p_null) * math.exp(1) / (math.exp(1) + math.exp(2))
+    p_z2 = (1 - p_null) * math.exp(2) / (math.exp(1) + math.exp(2))
+    assert log_pz.exp().tolist()[0] == pytest.approx([p_null, p_z1, p_z2, 0.0], rel=1e-6)
+    loss, stats = marginal_mlm_loss(log_pz, token_lp, valid)
+    m1 = math.log(p_null * 0.1 + p_z1 * 0.6 + p_z2 * 0.5)
+    m2 = math.log(p_null * 0.2 + p_z1 * 0.3 + p_z2 * 0.4)
     assert loss.item() == pytest.approx(-(m1 + m2) / 2, rel=1e-6)
     assert stats["p_null"].item() == pytest.approx(p_null, rel=1e-6)
     null_ll = (math.log(0.1) + math.log(0.2)) / 2
     assert stats["utility"].item() == pytest.approx((m1 + m2) / 2 - null_ll, rel=1e-6)
     # An invalid mask slot does not count.
-    loss_one, _ = marginal_mlm_loss(f, candidate_mask, token_lp, torch.tensor([[True, False]]))
+    loss_one, _ = marginal_mlm_loss(log_pz, token_lp, torch.tensor([[True, False]]))
     assert loss_one.item() == pytest.approx(-m1, rel=1e-6)
+    # No retrieved block left: the null document takes it all.
+    alone = retrieval_log_probs(f, torch.tensor([[True, False, False, False]]), b_null)
+    assert alone.exp().tolist()[0] == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_towers_get_no_gradient_shared_by_every_block(tiny_corpus, tokenizer):
+    """The null document's weight is b_null alone: raising it cannot move the queries (models/realm.py)."""
+    f = torch.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    b_null = torch.tensor(0.0, requires_grad=True)
+    log_pz = retrieval_log_probs(f, torch.ones(1, 4, dtype=torch.bool), b_null)
+    token_lp = torch.log(torch.tensor([[[0.9], [0.1], [0.2], [0.1]]]))  # the reader does best with no block
+    loss, _ = marginal_mlm_loss(log_pz, token_lp, torch.tensor([[True]]))
+    loss.backward()
+    assert f.grad.sum().item() == pytest.approx(0.0, abs=1e-6)  # a shift of every f(x, z) changes nothing
+    assert b_null.grad.item() < 0  # descent raises p(null)
 
 
 def test_gradient_reaches_both_towers_and_reader(tiny_corpus, tokenizer):
@@ -110,8 +131,10 @@ def test_null_score_offsets_the_null_document_and_is_saved_with_the_retriever(tm
         _, before = model(batch)
         model.null_score.fill_(2.0)
         _, after = model(batch)
-    gap = lambda stats: (stats["log_pz"][0, 0] - stats["log_pz"][0, 1]).item()  # noqa: E731
-    assert gap(after) == pytest.approx(gap(before) + 2.0, abs=1e-4)  # log p(null) - log p(z1) moves by b_null
+    p_null = lambda stats: stats["log_pz"][0, 0].exp().item()  # noqa: E731
+    assert p_null(before) == pytest.approx(0.5) and p_null(after) == pytest.approx(1 / (1 + math.exp(-2.0)))
+    blocks = lambda stats: stats["log_pz"][0, 1:].softmax(-1)  # noqa: E731
+    assert torch.allclose(blocks(after), blocks(before))  # the blocks' ranking is the towers' alone
     assert torch.equal(after["token_log_probs"], before["token_log_probs"])  # the reader is untouched
     model.export_null_score()
     model.retriever.save(tmp_path / "retriever")
@@ -135,11 +158,10 @@ def test_trivial_candidates_are_dropped_and_null_is_first(tiny_corpus, tokenizer
     batch = make_batch([query], short, tiny_corpus, tokenizer, tiny_corpus.config)
     assert batch.candidate_ids[0, 0] == NULL_BLOCK
     assert batch.candidate_mask.tolist() == [[True, True, False, False]]
-    # The null document is [CLS] x [SEP] [SEP] for the reader and [CLS] [SEP] [SEP] for the doc tower.
+    # The null document is [CLS] x [SEP] [SEP] for the reader; the doc tower embeds the retrieved blocks only.
     null_reader = batch.reader["input_ids"][0][batch.reader["attention_mask"][0].bool()].tolist()
     assert null_reader == query.input_ids + [tokenizer.sep_token_id]
-    null_doc = batch.docs["input_ids"][-1][batch.docs["attention_mask"][-1].bool()].tolist()
-    assert null_doc == [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.sep_token_id]
+    assert len(batch.docs["input_ids"]) == 3
 
 
 def test_salient_masking_masks_one_whole_span(tokenizer):

@@ -3,19 +3,22 @@
 For a masked sentence x with masks j and candidates z_0 = null document, z_1..z_{K-1} from MIPS:
 
     f(x, z)          = Embed_input(x) · Embed_doc(z)                       # recomputed, gradients reach both towers
-    f(x, null)       = Embed_input(x) · Embed_doc(null) + b_null           # b_null: a learned scalar
-    log p(z | x)     = log_softmax_z f(x, z)                              # over the K candidates only
+    p(null | x)      = sigmoid(b_null)                                    # b_null: a learned scalar
+    p(z | x)         = (1 - p(null | x)) · softmax_{z >= 1} f(x, z)       # over the retrieved candidates only
     log p(y_j | x)   = logsumexp_z [ log p(z | x) + log p(y_j | z, x) ]   # per mask, as the released code does
     loss             = - mean_x mean_j log p(y_j | x)
 
 Retrieval utility = mean_j [ log p(y_j | x) - log p(y_j | null, x) ]: positive when retrieval helps.
 
-b_null is our addition. Through the towers alone, p(null | x) can only rise by moving every query toward the
-one null embedding, which bends the geometry retrieval depends on; at the warm start it sits near 0.005, so
-the marginal barely contains the null document even where retrieved blocks mislead the reader. The offset
-lets the prior of reading nothing follow the data (p(null) is the fraction of the marginal that ignores the
-blocks), and leaves the towers the gradient that ranks candidates per query. It is saved with the
-retriever (Retriever.null_score)."""
+The null document's weight is our change. The paper scores it like a block, f(x, null) = Embed_input(x) ·
+Embed_doc(null), in one softmax with the retrieved blocks. Then whenever the reader does better without the
+retrieved blocks (most of the time while it is weak: they are distractors), the gradient moves every query
+toward the one null embedding. Measured: after 1,000 null-document steps the reader reads the null document
+better than most blocks, and within 100 retrieval steps the towers had put p(null) at 0.4-0.98 and zero-shot
+recall@5 on questions fell by 15 points (docs/results.md). Here the towers only rank the retrieved blocks
+against each other (a softmax over them, whose gradient has no component shared by every block), and how
+much the marginal relies on no retrieval at all is one learned number, saved with the retriever
+(Retriever.null_score)."""
 
 from __future__ import annotations
 
@@ -35,15 +38,25 @@ from realm.models.retriever import Retriever
 NULL_BLOCK = -1  # candidate id of the null document (and of padding where too few blocks remain)
 
 
+def retrieval_log_probs(
+    retrieval_logits: torch.Tensor, candidate_mask: torch.Tensor, null_score: torch.Tensor
+) -> torch.Tensor:
+    """retrieval_logits (B, K-1) f(x, z) of the retrieved candidates; candidate_mask (B, K), column 0 the null
+    document; null_score: b_null. Returns log p(z | x) (B, K): the null document sigmoid(b_null), the retrieved
+    blocks the rest by softmax (-inf at padding); a row without any retrieved block gives all to the null."""
+    retrieved = candidate_mask[:, 1:]  # (B, K-1)
+    any_retrieved = retrieved.any(1, keepdim=True)  # (B, 1)
+    logits = retrieval_logits.float().masked_fill(~retrieved, float("-inf")).masked_fill(~any_retrieved, 0.0)
+    log_null = torch.where(any_retrieved, nn.functional.logsigmoid(null_score.float()), 0.0)  # (B, 1)
+    log_blocks = nn.functional.logsigmoid(-null_score.float()) + torch.log_softmax(logits, dim=-1)  # (B, K-1)
+    return torch.cat([log_null, log_blocks.masked_fill(~retrieved, float("-inf"))], dim=1)
+
+
 def marginal_mlm_loss(
-    retrieval_logits: torch.Tensor,
-    candidate_mask: torch.Tensor,
-    token_log_probs: torch.Tensor,
-    mask_valid: torch.Tensor,
+    log_pz: torch.Tensor, token_log_probs: torch.Tensor, mask_valid: torch.Tensor
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """retrieval_logits (B, K) f(x, z); candidate_mask (B, K); token_log_probs (B, K, M) log p(y_j | z, x);
-    mask_valid (B, M). Candidate 0 is the null document. Returns the loss and detached statistics."""
-    log_pz = torch.log_softmax(retrieval_logits.float().masked_fill(~candidate_mask, float("-inf")), dim=-1)  # (B, K)
+    """log_pz (B, K) log p(z | x); token_log_probs (B, K, M) log p(y_j | z, x); mask_valid (B, M). Candidate 0 is
+    the null document. Returns the loss and detached statistics."""
     marginal = torch.logsumexp(log_pz.unsqueeze(-1) + token_log_probs, dim=1)  # (B, M)
     valid = mask_valid.float()
     per_example = (marginal * valid).sum(1) / valid.sum(1).clamp(min=1)  # (B,)
@@ -71,7 +84,7 @@ def select_candidates(
 @dataclass
 class RealmBatch:
     query: dict[str, torch.Tensor]  # (B, Lq) [CLS] x_masked [SEP]
-    docs: dict[str, torch.Tensor]  # (B*(K-1) + 1, Ld) candidate blocks, then the null document last
+    docs: dict[str, torch.Tensor]  # (B*(K-1), Ld) the retrieved candidate blocks (empty with K = 1)
     reader: dict[str, torch.Tensor]  # (B*K, Lr) [CLS] x_masked [SEP] body [SEP]; candidate 0 is null
     mask_positions: torch.Tensor  # (B, M)
     targets: torch.Tensor  # (B, M)
@@ -118,13 +131,12 @@ def make_batch(
     candidate_ids = np.concatenate([np.full((batch_size, 1), NULL_BLOCK), retrieved], axis=1)  # (B, K)
     flat = retrieved.reshape(-1)
     blocks = dict(zip(flat[flat >= 0].tolist(), store.take(flat[flat >= 0].tolist())))
-    titles = [blocks[i].title if i >= 0 else "" for i in flat] + [""]
-    bodies = [blocks[i].body if i >= 0 else "" for i in flat] + [""]
-    doc_ids, doc_types = encode_blocks(tokenizer, titles, bodies, corpus_config)
-    docs = pad_batch(doc_ids, doc_types, tokenizer.pad_token_id)
+    titles = [blocks[i].title if i >= 0 else "" for i in flat]
+    bodies = [blocks[i].body if i >= 0 else "" for i in flat]
+    docs = pad_batch(*encode_blocks(tokenizer, titles, bodies, corpus_config), tokenizer.pad_token_id) if titles else {}
 
     query, positions, targets, valid = pad_queries(queries, tokenizer.pad_token_id)
-    body_ids = tokenizer(bodies[:-1], add_special_tokens=False)["input_ids"] if num_retrieved else []  # (B*(K-1))
+    body_ids = tokenizer(bodies, add_special_tokens=False)["input_ids"] if num_retrieved else []  # (B*(K-1))
     reader_ids, reader_types = [], []
     for b, q in enumerate(queries):
         for z in range(num_retrieved + 1):
@@ -153,20 +165,21 @@ class RealmModel(nn.Module):
     def forward(self, batch: RealmBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         batch_size, k = batch.candidate_mask.shape
         q = self.retriever.query_tower(**batch.query)  # (B, D)
-        docs = self.retriever.doc_tower(**batch.docs)  # (B*(K-1) + 1, D)
-        null = docs[-1:].expand(batch_size, 1, -1)  # (B, 1, D)
-        d = torch.cat([null, docs[:-1].view(batch_size, k - 1, docs.size(-1))], dim=1)  # (B, K, D)
-        retrieval_logits = torch.einsum("bd,bkd->bk", q, d)  # f(x, z)
-        retrieval_logits = torch.cat([retrieval_logits[:, :1] + self.null_score, retrieval_logits[:, 1:]], 1)
+        if k > 1:
+            d = self.retriever.doc_tower(**batch.docs)  # (B*(K-1), D)
+            retrieval_logits = torch.einsum("bd,bkd->bk", q, d.view(batch_size, k - 1, -1))  # f(x, z), (B, K-1)
+        else:  # the null document alone: nothing to score
+            retrieval_logits = q.new_zeros(batch_size, 0)
+        log_pz = retrieval_log_probs(retrieval_logits, batch.candidate_mask, self.null_score)  # (B, K)
 
         positions = batch.mask_positions.repeat_interleave(k, dim=0)  # (B*K, M)
         log_probs = self.reader.mask_log_probs(**batch.reader, mask_positions=positions)  # (B*K, M, V)
         log_probs = log_probs.view(batch_size, k, *log_probs.shape[1:])  # (B, K, M, V)
         targets = batch.targets.unsqueeze(1).expand(-1, k, -1)  # (B, K, M)
         token_log_probs = torch.gather(log_probs, 3, targets.unsqueeze(-1)).squeeze(-1)  # (B, K, M)
-        loss, stats = marginal_mlm_loss(retrieval_logits, batch.candidate_mask, token_log_probs, batch.mask_valid)
+        loss, stats = marginal_mlm_loss(log_pz, token_log_probs, batch.mask_valid)
         with torch.no_grad():  # MLM accuracy of the marginal p(y_j | x) = sum_z p(z | x) p(y_j | z, x)
-            log_pz = torch.log_softmax(retrieval_logits.float().masked_fill(~batch.candidate_mask, float("-inf")), -1)
+            log_pz = log_pz.detach()
             marginal = torch.logsumexp(log_pz[:, :, None, None] + log_probs, dim=1)  # (B, M, V)
             correct = (marginal.argmax(-1) == batch.targets) & batch.mask_valid
             stats["correct"] = correct  # (B, M), for span-level evaluation

@@ -241,7 +241,9 @@ def train_pretrain(
         builder_config.save(out / "builder.json")
         log.info("external builder: start `realm index refresh --config %s/builder.json ...` to refresh", out)
     index = MipsIndex(index_dir) if retrieval else None
-    trained = DistributedDataParallel(model) if d.world_size > 1 else model
+    # a batch of the null document alone (the baseline, the warm-up) leaves the towers out of the graph
+    null_batches = not retrieval or cfg.null_warmup_steps > 0
+    trained = DistributedDataParallel(model, find_unused_parameters=null_batches) if d.world_size > 1 else model
     metrics_log = MetricsLog(out, cfg.steps, step, d, "REALM", progress)
     builder_warned = False
     threads = torch.get_num_threads()
