@@ -154,11 +154,7 @@ def bert_optimizer(
 
 
 def linear_schedule(
-    optimizer: torch.optim.Optimizer,
-    warmup: int,
-    total: int,
-    start_at: dict[str, int] | None = None,
-    decay_from: int = 0,
+    optimizer: torch.optim.Optimizer, warmup: int, total: int, start_at: dict[str, int] | None = None, decay_from: int = 0
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up then linear decay to 0 at `total`. Groups whose prefix is in `start_at` keep a zero
     learning rate until that step, then warm up from there (e.g. a retriever frozen while a fresh head learns).
@@ -169,13 +165,9 @@ def linear_schedule(
         decay_start = max(start + warmup, decay_from)
 
         def factor(step: int) -> float:
-            if step < start:
-                return 0.0
             if step < start + warmup:
-                return (step - start + 1) / max(1, warmup)
-            if step < decay_start:
-                return 1.0
-            return max(0.0, (total - step) / max(1, total - decay_start))
+                return max(0.0, (step - start + 1) / max(1, warmup)) if step >= start else 0.0
+            return min(1.0, max(0.0, (total - step) / max(1, total - decay_start)))
 
         return factor
 
