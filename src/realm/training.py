@@ -154,12 +154,14 @@ def bert_optimizer(
 
 
 def linear_schedule(
-    optimizer: torch.optim.Optimizer, warmup: int, total: int, start_at: dict[str, int] | None = None, decay_from: int = 0
+    optimizer: torch.optim.Optimizer,
+    warmup: int,
+    total: int,
+    start_at: dict[str, int] | None = None,
+    decay_from: int = 0,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up then linear decay to 0 at `total`. Groups whose prefix is in `start_at` keep a zero
-    learning rate until that step, then warm up from there (e.g. a retriever frozen while a fresh head learns).
-    The decay starts no earlier than `decay_from` (a warm-up phase held at the full rate before it)."""
-    start_at = start_at or {}
+    """Linear warm-up, then (not before `decay_from`) linear decay to 0 at `total`. Groups whose prefix is in
+    `start_at` keep a zero rate until that step, then warm up (e.g. towers frozen while a fresh head learns)."""
 
     def factor_from(start: int):
         decay_start = max(start + warmup, decay_from)
@@ -172,7 +174,7 @@ def linear_schedule(
         return factor
 
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, [factor_from(start_at.get(group.get("prefix", ""), 0)) for group in optimizer.param_groups]
+        optimizer, [factor_from((start_at or {}).get(group.get("prefix", ""), 0)) for group in optimizer.param_groups]
     )
 
 
