@@ -115,8 +115,8 @@ class PretrainConfig:
     # the first N steps read the null document alone (masked-LM without retrieval: one short sequence an example
     # instead of num_candidates long ones), a cheap warm-up of a fresh head; the towers stay frozen meanwhile
     null_warmup_steps: int = 0
-    # b_null, the null document's learned score offset (models/realm.py): one scalar, so Adam moves it about this
-    # much a step; it starts several units below the retrieved blocks' scores
+    # b_null, the logit of the null document's weight p(null) (models/realm.py; starts at 0, p(null) 0.5): one
+    # scalar, so Adam moves it about this much a step
     null_score_lr: float = 0.05
     warmup_steps: int = 10_000
     num_candidates: int = 8  # including the null document, which is always first
