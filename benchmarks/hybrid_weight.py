@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=2000)
     parser.add_argument("--beam", type=int, default=100, help="candidates from each retriever")
     parser.add_argument("--ks", default="1,5,20")
+    parser.add_argument("--no-stemming", action="store_true", help="BM25 over exact word forms (the baseline)")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
 
@@ -52,7 +53,7 @@ def main() -> None:
     index = MipsIndex(args.index)
     store = index.corpus()
     retriever = Retriever.load(args.model, index.retriever_config(get_preset("cpu").retriever))
-    sparse = BM25Searcher(store)
+    sparse = BM25Searcher(store, stemmer=None if args.no_stemming else "english")
     questions = [e.question for e in examples]
     vectors = retriever.embed_queries(questions).numpy()  # (Q, D)
     ids, bm25 = hybrid_candidates(index, sparse, questions, vectors, args.beam)  # (Q, C)

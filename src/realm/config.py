@@ -173,16 +173,17 @@ class StageCosts:
     can scale step counts to fit. cpu: measured on the 2-core development machine (docs/benchmarks.md)."""
 
     fixed_seconds: float = 240.0  # process starts, model loads, corpus build, worked examples, report
-    embed_blocks_per_second: float = 137.0  # one index build
+    # re-measured from the 120-minute pipeline of docs/results.md (at 62bcf5a, alone on the cores: ICT 185 steps in
+    # 5.5 min, REALM 333 steps in 28.7 min with tagging and the first index, QA 1,051 steps in 40.5 min, three
+    # indexes in 8.1 min, evaluation of 3 x 1,496 questions in 6.4 min), rounded up
+    embed_blocks_per_second: float = 105.0  # one index build, the process start included
     tag_blocks_per_second: float = 60.0  # spaCy sentence and entity tagging for salient spans
-    # the trainers' step costs: the values measured before the packed encoder (ICT 3.7 s, REALM 6.4 s frozen and
-    # 9.5 s beside the builder, QA 4.6 s, eval 0.1 s a question) divided by its speed-ups measured side by side
-    # with that code (docs/benchmarks.md: ICT 1.81x, REALM 1.64x, QA 1.34x, `realm eval qa` 1.41x)
-    ict_step: float = 2.0
-    pretrain_step: float = 5.8  # the index builder shares the cores
-    frozen_pretrain_step: float = 3.9  # no index builder
-    qa_step: float = 3.4
-    qa_question: float = 0.07  # evaluating one question with one retriever and the reader
+    ict_step: float = 1.9
+    pretrain_step: float = 4.2  # a retrieval step; the index builder shares the cores
+    frozen_pretrain_step: float = 2.9  # a retrieval step with no index builder
+    null_pretrain_step: float = 0.5  # the null document alone (--null-warmup-steps): 0.47 s measured
+    qa_step: float = 2.4
+    qa_question: float = 0.09  # evaluating one question with one retriever and the reader
 
 
 @dataclass(frozen=True)
@@ -215,17 +216,19 @@ PRESETS: dict[str, Preset] = {
         index=IndexConfig(),
         ict=ICTConfig(steps=200, batch_size=32, lr=5e-5, warmup_steps=20, checkpoint_every=50, log_every=5),
         pretrain=PretrainConfig(
-            steps=360,
+            # docs/results.md, run E: 1,000 steps on the null document (the fresh masked-LM head learns ~10x
+            # cheaper there), then 300 retrieval steps; the towers wait for the warm-up
+            steps=1300,
             batch_size=8,
             lr=1e-4,
             head_lr_multiplier=10.0,
             warmup_steps=20,
             retriever_lr=1e-5,
-            retriever_frozen_steps=120,
+            null_warmup_steps=1000,
             num_candidates=4,
             max_masks=10,
             refresh_every=40,
-            checkpoint_every=25,
+            checkpoint_every=50,
             log_every=5,
         ),
         qa=QAConfig(

@@ -214,6 +214,12 @@ def test_bm25_finds_the_term(tiny_corpus):
     assert searcher.batch_search(["zzzzunknownword"], 5) == [[]]
 
 
+def test_bm25_matches_word_forms_by_their_stem(tiny_corpus):
+    hits = BM25Searcher(tiny_corpus).search("flow", 3)  # the Nile "flows", is "north-flowing"
+    assert [hit.doc_id for hit in hits] == ["nile"]
+    assert BM25Searcher(tiny_corpus, stemmer=None).search("flow", 3) == []  # exact word forms only
+
+
 # -- exact search in torch (GPUs, and images without faiss) ------------------------------------------
 def test_exact_search_in_torch_equals_faiss_flat():
     rng = np.random.default_rng(0)

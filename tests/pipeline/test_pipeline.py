@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
 
-from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, get_preset
-from realm.pipeline.plan import PipelineOptions, Workload, plan_pipeline
+from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, StageCosts, get_preset
+from realm.pipeline.plan import PipelineOptions, Workload, plan_pipeline, pretrain_step_seconds
 from realm.pipeline.run import Pipeline
 from realm.pipeline.stages import STAGES, Stages, describe_input
 
@@ -29,6 +29,7 @@ def test_budget_scales_every_training_stage_to_fit():
     assert plan.preset.pretrain.steps == round(cpu.pretrain.steps * plan.scale)
     assert plan.preset.qa.steps == round(1135 * plan.scale)  # one epoch of 9,074 questions at batch 8
     assert plan.preset.pretrain.retriever_frozen_steps == round(cpu.pretrain.retriever_frozen_steps * plan.scale)
+    assert plan.preset.pretrain.null_warmup_steps == round(cpu.pretrain.null_warmup_steps * plan.scale)
     assert 0 < plan.preset.pretrain.refresh_every < cpu.pretrain.refresh_every
     longer = plan_pipeline(cpu, work, 600)
     assert longer.preset.pretrain.steps > cpu.pretrain.steps  # a bigger budget buys more steps
@@ -38,6 +39,19 @@ def test_budget_scales_every_training_stage_to_fit():
         plan_pipeline(cpu, work, 5)
     with pytest.raises(ValueError, match="need QA"):
         Workload(blocks=10, ablations=True)
+
+
+def test_pretraining_is_costed_by_the_kind_of_step():
+    costs = StageCosts(null_pretrain_step=1.0, frozen_pretrain_step=10.0, pretrain_step=100.0)
+    cfg = PretrainConfig(steps=10, null_warmup_steps=4, retriever_frozen_steps=6, refresh_every=2)
+    # 4 null-document steps, 2 retrieval steps before the towers train (no index builder), then 4 beside it
+    assert pretrain_step_seconds(cfg, costs) * 10 == pytest.approx(4 * 1 + 2 * 10 + 4 * 100)
+    frozen_index = dataclasses.replace(cfg, refresh_every=0)
+    assert pretrain_step_seconds(frozen_index, costs) * 10 == pytest.approx(4 * 1 + 6 * 10)
+    null_only = dataclasses.replace(cfg, num_candidates=1)
+    assert pretrain_step_seconds(null_only, costs) == pytest.approx(1.0)
+    no_warmup = dataclasses.replace(cfg, null_warmup_steps=0, retriever_frozen_steps=0)
+    assert pretrain_step_seconds(no_warmup, costs) == pytest.approx(100.0)
 
 
 def test_a_run_keeps_its_plan_when_stage_costs_are_measured_anew(tmp_path):

@@ -81,29 +81,30 @@ class DenseSearcher:
 
 
 class BM25Searcher:
-    """Okapi BM25 (bm25s, English stopwords) over `title + body` of the live blocks (an index version's
-    knowledge, without removed documents, when `store` comes from `MipsIndex.corpus()`)."""
+    """Okapi BM25 (bm25s, English stopwords, Snowball English stemming as Lucene/pyserini's Porter default) over
+    `title + body` of the live blocks (an index version's knowledge, without removed documents, when `store`
+    comes from `MipsIndex.corpus()`). `stemmer=None`: exact word forms (docs/results.md compares the two)."""
 
     scores_are_retrieval_logits = False
 
-    def __init__(self, store: BlockStore):
+    def __init__(self, store: BlockStore, stemmer: str | None = "english"):
         import bm25s  # only BM25 needs it (a GPU image may not have it)
 
         logging.getLogger("bm25s").setLevel(logging.WARNING)  # its import sets DEBUG: a line per index build
 
         self.store = store
+        self.stemmer = _snowball(stemmer)
         self.ids = store.live_ids  # BM25 row -> block id
         titles, bodies = store.slice(0, len(store))
         texts = [f"{titles[i]}\n{bodies[i]}" for i in self.ids]
-        tokens = bm25s.tokenize(texts, stopwords="en", show_progress=False)
+        tokens = bm25s.tokenize(texts, stopwords="en", stemmer=self.stemmer, show_progress=False)
         self.model = bm25s.BM25()
         self.model.index(tokens, show_progress=False)
 
-    @staticmethod
-    def _tokenize(queries: list[str]) -> list[list[str]]:
+    def _tokenize(self, queries: list[str]) -> list[list[str]]:
         import bm25s
 
-        return bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
+        return bm25s.tokenize(queries, stopwords="en", stemmer=self.stemmer, return_ids=False, show_progress=False)
 
     def top(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """(Q, k) BM25 scores and block ids, best first; id -1 where a block shares no term with the query."""
@@ -126,6 +127,15 @@ class BM25Searcher:
 
     def search(self, query: str, k: int) -> list[SearchHit]:
         return self.batch_search([query], k)[0]
+
+
+def _snowball(language: str | None):
+    """A PyStemmer stemmer (what bm25s calls as `stemmer.stemWords`), or None."""
+    if language is None:
+        return None
+    import Stemmer
+
+    return Stemmer.Stemmer(language)
 
 
 def union_candidates(dense_ids: np.ndarray, sparse_ids: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from realm.config import Preset
+from realm.config import Preset, PretrainConfig, StageCosts
 from realm.data.sources import VITAL_ARTICLES
 
 MIN_TRAINING_STEPS = 2
@@ -95,6 +95,18 @@ def scale_preset(preset: Preset, scale: float, qa_train: int) -> Preset:
     return dataclasses.replace(preset, ict=ict, pretrain=pretrain, qa=qa)
 
 
+def pretrain_step_seconds(cfg: PretrainConfig, costs: StageCosts) -> float:
+    """Mean seconds a REALM pretraining step: the null-document warm-up reads one short sequence an example; a
+    retrieval step reads `num_candidates - 1` long ones, and shares the cores with the index builder once the
+    towers train and the index refreshes."""
+    null = cfg.steps if cfg.num_candidates <= 1 else min(cfg.null_warmup_steps, cfg.steps)
+    towers_from = min(max(cfg.retriever_frozen_steps, null), cfg.steps)
+    quiet = cfg.steps - null if not cfg.refresh_every else towers_from - null  # retrieval, no builder at work
+    busy = cfg.steps - null - quiet
+    seconds = null * costs.null_pretrain_step + quiet * costs.frozen_pretrain_step + busy * costs.pretrain_step
+    return seconds / max(1, cfg.steps)
+
+
 def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     """Per-stage estimates for `preset` as it stands."""
     c = preset.costs
@@ -103,7 +115,12 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     pretrain_steps = preset.pretrain.steps
     stages = [
         StageEstimate("ict", preset.ict.steps, c.ict_step, 0.0),
-        StageEstimate("realm", pretrain_steps, c.pretrain_step, (work.blocks / c.tag_blocks_per_second) + embed),
+        StageEstimate(
+            "realm",
+            pretrain_steps,
+            pretrain_step_seconds(preset.pretrain, c),
+            (work.blocks / c.tag_blocks_per_second) + embed,
+        ),
     ]
     if work.qa_train:
         stages += [StageEstimate(name, 0, 0.0, embed) for name in ("baseline_index", "ict_index", "realm_index")]
@@ -113,9 +130,10 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
         ]
     if work.ablations:
         stages += [StageEstimate("qa_ict", qa_steps, c.qa_step, work.qa_dev * c.qa_question)]
-        for variant, step_seconds in (("uniform", c.pretrain_step), ("frozen", c.frozen_pretrain_step)):
+        for variant, refresh_every in (("uniform", preset.pretrain.refresh_every), ("frozen", 0)):
+            varied = dataclasses.replace(preset.pretrain, refresh_every=refresh_every)
             stages += [
-                StageEstimate(f"realm_{variant}", pretrain_steps, step_seconds, embed),
+                StageEstimate(f"realm_{variant}", pretrain_steps, pretrain_step_seconds(varied, c), embed),
                 StageEstimate(f"realm_{variant}_index", 0, 0.0, embed),
                 StageEstimate(f"qa_{variant}", qa_steps, c.qa_step, work.qa_dev * c.qa_question),
             ]
