@@ -173,7 +173,7 @@ def test_pipeline_with_the_real_model_fits_a_tiny_budget(squad_slice, tmp_path, 
     out = capsys.readouterr().out
     assert "budget of 5.5 min" in out and "report:" in out
     plan = json.loads((run / "plan.json").read_text())
-    assert plan["estimated_minutes"] <= 5.5 * 1.1 and plan["preset"]["pretrain"]["steps"] < 360
+    assert plan["estimated_minutes"] <= 5.5 * 1.1 and plan["preset"]["pretrain"]["steps"] < 1300
     report = (run / "report.md").read_text()
     assert "| REALM retriever (fine-tuned query tower) + reader |" in report and "| BM25 + the same reader |" in report
     assert "| hybrid: dense + w · BM25 + the same reader |" in report
@@ -268,6 +268,13 @@ def test_usage_mistakes_are_one_error_line(tmp_path, capsys):
         assert "positive integer" in _one_error_line(capsys), argv
     assert main(["search", *where, "   "]) == 2
     assert "the query is empty" in _one_error_line(capsys)
+    # the cpu preset's null-document warm-up (1,000 steps) would take every one of 500 steps: no retrieval at all
+    assert (
+        main(["train", "pretrain", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "o"), "--steps", "500"])
+        == 2
+    )
+    assert "leaves no retrieval step" in _one_error_line(capsys)
+    assert not (tmp_path / "o").exists()
 
 
 def test_model_folders_without_safetensors_weights_are_refused_not_unpickled(tiny_corpus, tmp_path, capsys):
