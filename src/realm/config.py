@@ -135,6 +135,11 @@ class PretrainConfig:
     held_out_fraction: float = 0.01  # sentences kept out of training for evaluation
     seed: int = 0
 
+    @property
+    def towers_start_step(self) -> int:
+        """The first step the towers train (and the index refreshes): after the freeze and the null warm-up."""
+        return max(self.retriever_frozen_steps, self.null_warmup_steps)
+
 
 @dataclass(frozen=True)
 class QAConfig:

@@ -29,19 +29,12 @@ def cmd_train_ict(args: argparse.Namespace) -> int:
 def cmd_train_pretrain(args: argparse.Namespace) -> int:
     from realm.recipes.pretrain import train_pretrain
 
-    preset = resolve_preset(args, "pretrain")
-    cfg = preset.pretrain
-    if cfg.num_candidates > 1 and cfg.null_warmup_steps >= cfg.steps:
-        raise ValueError(
-            f"--steps {cfg.steps} leaves no retrieval step after the null-document warm-up of {cfg.null_warmup_steps} "
-            f"steps ({preset.name} preset): pass --null-warmup-steps below --steps (0: none)"
-        )
     folder = train_pretrain(
         Path(args.corpus),
         Path(args.out),
         args.retriever,
         args.reader,
-        preset,
+        resolve_preset(args, "pretrain"),
         resume=args.resume,
         progress=not args.quiet,
         allow_config_change=args.allow_config_change,

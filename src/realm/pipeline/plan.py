@@ -100,7 +100,7 @@ def pretrain_step_seconds(cfg: PretrainConfig, costs: StageCosts) -> float:
     retrieval step reads `num_candidates - 1` long ones, and shares the cores with the index builder once the
     towers train and the index refreshes."""
     null = cfg.steps if cfg.num_candidates <= 1 else min(cfg.null_warmup_steps, cfg.steps)
-    towers_from = min(max(cfg.retriever_frozen_steps, null), cfg.steps)
+    towers_from = min(max(cfg.towers_start_step, null), cfg.steps)
     quiet = cfg.steps - null if not cfg.refresh_every else towers_from - null  # retrieval, no builder at work
     busy = cfg.steps - null - quiet
     seconds = null * costs.null_pretrain_step + quiet * costs.frozen_pretrain_step + busy * costs.pretrain_step

@@ -49,8 +49,9 @@ def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
                 "REALM pretraining",
                 f"{preset.pretrain.steps} steps, batch {preset.pretrain.batch_size}, lr {preset.pretrain.lr:g}, "
                 f"{preset.pretrain.num_candidates} candidates incl. null, {preset.pretrain.masking} masking, "
-                f"refresh every {preset.pretrain.refresh_every} steps, towers frozen for "
-                f"{preset.pretrain.retriever_frozen_steps} steps",
+                f"refresh every {preset.pretrain.refresh_every} steps, first "
+                f"{preset.pretrain.null_warmup_steps} on the null document alone, towers frozen for "
+                f"{preset.pretrain.towers_start_step} steps",
             ],
             [
                 "QA fine-tuning",

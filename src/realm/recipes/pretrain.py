@@ -150,14 +150,18 @@ def train_pretrain(
     allow_config_change: bool = False,
 ) -> Path:
     cfg = preset.pretrain
+    if cfg.num_candidates > 1 and cfg.null_warmup_steps >= cfg.steps:
+        raise ValueError(
+            f"--steps {cfg.steps} leaves no retrieval step after the null-document warm-up of {cfg.null_warmup_steps} "
+            f"steps ({preset.name} preset): pass --null-warmup-steps below --steps (0: none)"
+        )
     d = setup_distributed()
     device = default_device()
     dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
     torch.manual_seed(cfg.seed + d.rank)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    frozen_steps = max(cfg.retriever_frozen_steps, cfg.null_warmup_steps)  # no retrieval, no tower gradient
-    policy = RefreshPolicy(cfg.refresh_every, start_step=frozen_steps)
+    policy = RefreshPolicy(cfg.refresh_every, start_step=cfg.towers_start_step)
     store = BlockStore(corpus)
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
     if d.main:
@@ -187,7 +191,7 @@ def train_pretrain(
         optimizer,
         cfg.warmup_steps,
         cfg.steps,
-        start_at={"retriever.": frozen_steps, "null_score": cfg.null_warmup_steps},
+        start_at={"retriever.": cfg.towers_start_step, "null_score": cfg.null_warmup_steps},
         decay_from=cfg.null_warmup_steps,  # the reader's null-document phase runs at the full rate
     )
     step, position = 0, DataPosition()
