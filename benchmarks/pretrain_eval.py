@@ -6,7 +6,7 @@ the trivial retrievals); one salient span each is masked, with the same seeded m
 each `--run` (a `realm train pretrain` output):
     - masked-token accuracy of its reader with retrieval (the marginal over the null document and the
       run's last index version) and with the null document alone, same masks, same forward pass; the paired
-      gain of retrieval and its interval over sentences;
+      gain of retrieval and its interval over sentences (`--every-span`: each salient span masked in turn);
     - with `--qa`: zero-shot recall@k of its retriever (over `--run NAME=RUN=INDEX`, an index built from the
       run's final towers) and the paired difference in hit@5 against the `--warm-start` retriever, the
       baseline measured in the same run.
@@ -55,6 +55,11 @@ def main() -> None:
     parser.add_argument("--qa", help="questions for zero-shot recall (needs --warm-start and each run's INDEX)")
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--limit", type=int, help="at most this many held-out sentences (default: all)")
+    parser.add_argument(
+        "--every-span",
+        action="store_true",
+        help="mask each salient span of a sentence in turn (more masks, a tighter interval) instead of one seeded span",
+    )
     args = parser.parse_args()
     preset = get_preset(args.preset)
     store = BlockStore(args.corpus)
@@ -65,8 +70,11 @@ def main() -> None:
     k = preset.pretrain.num_candidates
     runs = [spec.split("=") for spec in args.run]
 
-    print(f"\n| run | token acc. with retrieval ({k} candidates) | null document only | gain [95%] | p(null) |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        f"\n| run | masked spans (sentences) | token acc. with retrieval ({k} candidates) | null document only "
+        "| gain [95%] | p(null) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for name, run_dir, *_ in runs:
         model = RealmModel(
             Retriever.load(str(Path(run_dir) / "retriever"), preset.retriever),
@@ -81,10 +89,11 @@ def main() -> None:
             preset.retriever.query_max_tokens,
             preset.pretrain.max_masks,
             limit=args.limit,
+            every_span=args.every_span,
         )
         low, high = r["retrieval_gain_95ci"]
         print(
-            f"| {name} | {r['token_accuracy']:.2f} | {r['null_token_accuracy']:.2f} | "
+            f"| {name} | {r['spans']} ({r['sentences']}) | {r['token_accuracy']:.2f} | {r['null_token_accuracy']:.2f} | "
             f"{r['retrieval_gain']:+.2f} [{low:+.2f}, {high:+.2f}] | {r['p_null']:.3f} |"
         )
 

@@ -191,6 +191,20 @@ class StageCosts:
     qa_question: float = 0.09  # evaluating one question with one retriever and the reader
 
 
+# The same 2-core EPYC class without AVX-512 (AVX2 only: no oneDNN bf16, so every stage computes in fp32), measured
+# there on the cpu preset (docs/benchmarks.md, "Stage costs without bf16"), rounded up; the frozen-index step is the
+# one not measured: the bf16 ratio of frozen to refreshing steps applied to the refreshing one.
+FP32_CPU_COSTS = StageCosts(
+    embed_blocks_per_second=45.0,
+    ict_step=2.5,
+    pretrain_step=7.8,
+    frozen_pretrain_step=5.4,
+    null_pretrain_step=0.55,
+    qa_step=4.0,
+    qa_question=0.17,
+)
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str
@@ -201,7 +215,10 @@ class Preset:
     ict: ICTConfig = field(default_factory=ICTConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     qa: QAConfig = field(default_factory=QAConfig)
-    costs: StageCosts = field(default_factory=StageCosts)
+    costs: StageCosts = field(
+        default_factory=StageCosts
+    )  # where matmuls run in bf16, as on the machine it is sized for
+    fp32_costs: StageCosts | None = None  # where everything runs in fp32 (no bf16 matmul); None: `costs`
     pipeline_budget_minutes: float | None = None  # `realm pipeline` default; None: the preset's own step counts
 
     def to_dict(self) -> dict:
@@ -248,6 +265,7 @@ PRESETS: dict[str, Preset] = {
             checkpoint_every=50,
             log_every=5,
         ),
+        fp32_costs=FP32_CPU_COSTS,
         pipeline_budget_minutes=45,
     ),
     "paper": Preset(

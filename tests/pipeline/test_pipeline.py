@@ -12,7 +12,7 @@ import pytest
 from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
 
 from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, StageCosts, get_preset
-from realm.pipeline.plan import PipelineOptions, Workload, plan_pipeline, pretrain_step_seconds
+from realm.pipeline.plan import PipelineOptions, Workload, costed_for, plan_pipeline, pretrain_step_seconds
 from realm.pipeline.run import Pipeline
 from realm.pipeline.stages import STAGES, Stages, describe_input
 
@@ -54,12 +54,42 @@ def test_pretraining_is_costed_by_the_kind_of_step():
     assert pretrain_step_seconds(no_warmup, costs) == pytest.approx(100.0)
 
 
+def test_a_machine_without_bf16_matmul_plans_with_fp32_costs(tmp_path, monkeypatch):
+    import torch
+
+    import realm.pipeline.run as pipeline_run
+
+    cpu = get_preset("cpu")
+    assert costed_for(cpu, torch.bfloat16) is cpu
+    assert costed_for(cpu, torch.float32).costs == cpu.fp32_costs
+    slow, fast = cpu.fp32_costs, cpu.costs
+    assert slow.embed_blocks_per_second < fast.embed_blocks_per_second
+    assert all(
+        getattr(slow, f) >= getattr(fast, f)
+        for f in ("ict_step", "pretrain_step", "frozen_pretrain_step", "null_pretrain_step", "qa_step", "qa_question")
+    )
+    work = Workload(blocks=12_000, qa_train=9_000, qa_dev=1_500)
+    plans = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        monkeypatch.setattr(pipeline_run, "resolve_compute_dtype", lambda name, device, dtype=dtype: dtype)
+        options = PipelineOptions(run_dir=tmp_path / str(dtype), budget_minutes=120, progress=False)
+        plans[dtype] = Pipeline(options, cpu).make_plan(work)
+        assert json.loads((options.run_dir / "plan.json").read_text())["compute_dtype"] == str(dtype)[len("torch.") :]
+    assert plans[torch.float32].scale < plans[torch.bfloat16].scale  # fewer steps fill the same two hours
+    for plan in plans.values():
+        assert plan.estimated_minutes == pytest.approx(120, rel=0.01)
+
+
 def test_a_run_keeps_its_plan_when_stage_costs_are_measured_anew(tmp_path):
     cpu = get_preset("cpu")
     work = Workload(blocks=12_000, qa_train=9_000, qa_dev=1_500, ablations=True)
     options = PipelineOptions(run_dir=tmp_path, budget_minutes=150, progress=False)
     first = Pipeline(options, cpu).make_plan(work)
-    slower = dataclasses.replace(cpu, costs=dataclasses.replace(cpu.costs, qa_step=2 * cpu.costs.qa_step))
+
+    def double_qa(costs: StageCosts) -> StageCosts:
+        return dataclasses.replace(costs, qa_step=2 * costs.qa_step)
+
+    slower = dataclasses.replace(cpu, costs=double_qa(cpu.costs), fp32_costs=double_qa(cpu.fp32_costs))
     again = Pipeline(options, slower).make_plan(work)  # a newer version's costs: finished stages stay valid
     assert again.scale == first.scale
     trainers = [(plan.preset.ict, plan.preset.pretrain, plan.preset.qa) for plan in (first, again)]

@@ -16,7 +16,7 @@ import torch
 from conftest import TINY_CORPUS, TINY_EMBED, TINY_RETRIEVER, TINY_SHAPE, dead_pid
 
 from realm.config import IndexConfig, Preset, PretrainConfig
-from realm.data.sentences import date_spans, mask_sentence, merge_spans
+from realm.data.sentences import date_spans, mask_each_salient_span, mask_sentence, merge_spans
 from realm.index.mips import MipsIndex, current_version
 from realm.index.refresh import (
     STOP_FILE,
@@ -177,6 +177,21 @@ def test_salient_masking_masks_one_whole_span(tokenizer):
         assert all(q.input_ids[p] == tokenizer.mask_token_id for p in q.mask_positions)
         seen.add(words)
     assert len(seen) == 3  # the span is chosen at random
+
+
+def test_every_salient_span_is_masked_in_turn_for_evaluation(tokenizer):
+    text = "Johann Sebastian Bach was born in Eisenach in 1685."
+    spans = merge_spans([(0, 21), (34, 42)] + date_spans(text))
+    queries = mask_each_salient_span(text, spans, tokenizer, 32, 10)
+    assert [tokenizer.decode(q.targets) for q in queries] == ["johann sebastian bach", "eisenach", "1685"]
+    # the same masks as training's draw of each span: one query per span, the rest of the sentence intact
+    drawn = {
+        tuple(mask_sentence(text, spans, "salient", tokenizer, 32, 10, np.random.default_rng(s)).input_ids)
+        for s in range(20)
+    }
+    assert {tuple(q.input_ids) for q in queries} == drawn
+    assert mask_each_salient_span(text, spans, tokenizer, 32, 1) == queries[2:]  # the others are 3 wordpieces
+    assert mask_each_salient_span(text, [], tokenizer, 32, 10) == []  # no fallback span
 
 
 def test_other_masking_schemes(tokenizer):
@@ -540,6 +555,13 @@ def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
     low, high = retrieved["retrieval_gain_95ci"]
     assert low <= retrieved["retrieval_gain"] <= high
     assert retrieved["retrieval_gain"] == pytest.approx(retrieved["token_accuracy"] - alone["token_accuracy"])
+    # every salient span in turn: more masks, the same sentences resampled together
+    each = masked_span_accuracy(model, sentences, tiny_corpus, MipsIndex(tmp_path / "index"), 3, 32, every_span=True)
+    with_spans = sum(1 for spans in sentences.spans if spans)
+    assert each["sentences"] <= with_spans and each["spans"] >= each["sentences"] > 0
+    assert each["retrieval_gain"] == pytest.approx(each["token_accuracy"] - each["null_token_accuracy"])
+    low, high = each["retrieval_gain_95ci"]
+    assert low <= each["retrieval_gain"] <= high
 
 
 def test_ict_trains_both_towers_and_resumes(tmp_path, tiny_corpus):

@@ -138,20 +138,39 @@ class SentenceSet:
         return len(self.texts)
 
 
-def mask_sentence(text: str, spans: list[tuple[int, int]], scheme: str, tokenizer: PreTrainedTokenizerBase,
-                  max_tokens: int, max_masks: int, rng: np.random.Generator) -> MaskedQuery:
+def _encode(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """Wordpiece ids of a sentence (room left for [CLS] and [SEP]) and their character offsets."""
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
                     max_length=max_tokens - 2)
-    ids: list[int] = enc["input_ids"]
-    offsets: list[tuple[int, int]] = enc["offset_mapping"]
+    return enc["input_ids"], enc["offset_mapping"]
+
+
+def maskable_spans(spans: list[tuple[int, int]], offsets: list[tuple[int, int]], max_masks: int) -> list[list[int]]:
+    """The wordpiece positions of each salient span that is whole within the (truncated) sentence and at most
+    `max_masks` wordpieces long."""
+    out = []
+    for start, end in spans:
+        tokens = [t for t, (s, e) in enumerate(offsets) if s < end and e > start]
+        if tokens and len(tokens) <= max_masks and offsets[tokens[0]][0] <= start and offsets[tokens[-1]][1] >= end:
+            out.append(tokens)
+    return out
+
+
+def _masked(ids: list[int], chosen: list[int], tokenizer: PreTrainedTokenizerBase) -> MaskedQuery:
+    masked = list(ids)
+    for t in chosen:
+        masked[t] = tokenizer.mask_token_id
+    return MaskedQuery(input_ids=[tokenizer.cls_token_id, *masked, tokenizer.sep_token_id],
+                       mask_positions=[t + 1 for t in chosen], targets=[ids[t] for t in chosen])
+
+
+def mask_sentence(text: str, spans: list[tuple[int, int]], scheme: str, tokenizer: PreTrainedTokenizerBase,
+                  max_tokens: int, max_masks: int, rng: np.random.Generator) -> MaskedQuery:
+    ids, offsets = _encode(text, tokenizer, max_tokens)
     n = len(ids)
     chosen: list[int] = []
     if scheme == "salient":
-        candidates = []
-        for start, end in spans:
-            tokens = [t for t, (s, e) in enumerate(offsets) if s < end and e > start]
-            if tokens and len(tokens) <= max_masks and offsets[tokens[0]][0] <= start and offsets[tokens[-1]][1] >= end:
-                candidates.append(tokens)
+        candidates = maskable_spans(spans, offsets, max_masks)
         if candidates:
             chosen = candidates[rng.integers(len(candidates))]
     elif scheme == "uniform":
@@ -162,8 +181,12 @@ def mask_sentence(text: str, spans: list[tuple[int, int]], scheme: str, tokenize
         length = int(min(rng.geometric(0.2), max_masks, max(1, n // 2)))
         start = int(rng.integers(0, n - length + 1))
         chosen = list(range(start, start + length))
-    masked = list(ids)
-    for t in chosen:
-        masked[t] = tokenizer.mask_token_id
-    return MaskedQuery(input_ids=[tokenizer.cls_token_id, *masked, tokenizer.sep_token_id],
-                       mask_positions=[t + 1 for t in chosen], targets=[ids[t] for t in chosen])
+    return _masked(ids, chosen, tokenizer)
+
+
+def mask_each_salient_span(text: str, spans: list[tuple[int, int]], tokenizer: PreTrainedTokenizerBase,
+                           max_tokens: int, max_masks: int) -> list[MaskedQuery]:
+    """One query per maskable salient span of the sentence (none if it has none): for evaluation, where every
+    span is a measurement and no fallback is wanted."""
+    ids, offsets = _encode(text, tokenizer, max_tokens)
+    return [_masked(ids, chosen, tokenizer) for chosen in maskable_spans(spans, offsets, max_masks)]

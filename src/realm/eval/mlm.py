@@ -1,6 +1,7 @@
 """Masked-span accuracy of a (retriever, reader) pair on held-out sentences: how much retrieval helps the LM.
 
-Each sentence gets one salient span masked (seeded, so every model sees the same masks). With an index,
+Each sentence gets one salient span masked (seeded, so every model sees the same masks), or, for a tighter
+paired interval, each of its salient spans in turn. With an index,
 candidates are retrieved as in training (trivial ones dropped, null document first) and the prediction
 is the argmax of the marginal sum_z p(z | x) p(y_j | z, x); without one, the null document alone.
 """
@@ -9,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from itertools import islice
 
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from realm.data.blocks import BlockStore
-from realm.data.sentences import MaskedQuery, SentenceSet, mask_sentence
+from realm.data.sentences import MaskedQuery, SentenceSet, mask_each_salient_span, mask_sentence
 from realm.eval.intervals import bootstrap_interval
 from realm.index.mips import MipsIndex
 from realm.index.search import retrieve
@@ -22,6 +25,30 @@ from realm.models.realm import RealmBatch, RealmModel, make_batch, pad_queries
 from realm.training import example_rng
 
 EVAL_SEED = 12345
+
+
+def _masked_queries(
+    sentences: SentenceSet,
+    tokenizer: PreTrainedTokenizerBase,
+    query_max_tokens: int,
+    max_masks: int,
+    limit: int | None,
+    every_span: bool,
+) -> Iterator[tuple[int, MaskedQuery]]:
+    """(sentence index, query) for the first `limit` sentences: its seeded salient mask, or with `every_span` one
+    query per maskable salient span (sentences without one are skipped)."""
+    for i in range(min(limit or len(sentences), len(sentences))):
+        if every_span:
+            for query in mask_each_salient_span(
+                sentences.texts[i], sentences.spans[i], tokenizer, query_max_tokens, max_masks
+            ):
+                yield i, query
+        else:
+            rng = example_rng(EVAL_SEED, 0, i)
+            query = mask_sentence(
+                sentences.texts[i], sentences.spans[i], "salient", tokenizer, query_max_tokens, max_masks, rng
+            )
+            yield i, query
 
 
 @torch.no_grad()
@@ -35,27 +62,18 @@ def _scored(
     max_masks: int,
     limit: int | None,
     batch_size: int,
-) -> Iterator[tuple[list[MaskedQuery], RealmBatch, dict[str, torch.Tensor]]]:
-    """The model's statistics on the first `limit` sentences, each with its seeded salient mask, in batches."""
+    every_span: bool = False,
+) -> Iterator[tuple[list[int], list[MaskedQuery], RealmBatch, dict[str, torch.Tensor]]]:
+    """The model's statistics on the masked queries of the first `limit` sentences, in batches, with each
+    query's sentence index."""
     model.eval()
     tokenizer = model.retriever.tokenizer
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
-    n = min(limit or len(sentences), len(sentences))
+    items = _masked_queries(sentences, tokenizer, query_max_tokens, max_masks, limit, every_span)
     try:
-        for start in range(0, n, batch_size):
-            rows = range(start, min(start + batch_size, n))
-            queries = [
-                mask_sentence(
-                    sentences.texts[i],
-                    sentences.spans[i],
-                    "salient",
-                    tokenizer,
-                    query_max_tokens,
-                    max_masks,
-                    example_rng(EVAL_SEED, 0, i),
-                )
-                for i in rows
-            ]
+        while chunk := list(islice(items, batch_size)):
+            rows = [i for i, _ in chunk]
+            queries = [query for _, query in chunk]
             retrieved = np.empty((len(queries), 0), dtype=np.int64)
             if index is not None and num_candidates > 1:
                 query, *_ = pad_queries(queries, tokenizer.pad_token_id)
@@ -64,7 +82,7 @@ def _scored(
                 )
             batch = make_batch(queries, retrieved, store, tokenizer, store.config)
             _, stats = model(batch)
-            yield queries, batch, stats
+            yield rows, queries, batch, stats
     finally:
         model.train()
 
@@ -79,15 +97,18 @@ def masked_span_accuracy(
     max_masks: int = 10,
     limit: int | None = None,
     batch_size: int = 16,
+    every_span: bool = False,
 ) -> dict[str, float | list[float]]:
-    """Token accuracy, whole-span accuracy, mean p(null) and mean retrieval utility over the sentences, and the
-    token accuracy of the null document alone on the same masks (the same forward pass: the null document is
-    candidate 0) with the paired gain of retrieval and its 95% bootstrap interval over sentences."""
+    """Token accuracy, whole-span accuracy, mean p(null) and mean retrieval utility over the masked spans, and
+    the token accuracy of the null document alone on the same masks (the same forward pass: the null document
+    is candidate 0) with the paired gain of retrieval and its 95% bootstrap interval over sentences (with
+    `every_span`, a sentence's spans are resampled together: they share its words)."""
     tokens = correct_tokens = spans = correct_spans = 0
     p_null = utility = 0.0
-    gains: list[float] = []  # per sentence: correct tokens with retrieval minus with the null document alone
-    for queries, batch, stats in _scored(
-        model, sentences, store, index, num_candidates, query_max_tokens, max_masks, limit, batch_size
+    rows: list[int] = []
+    gains: list[float] = []  # per span: correct tokens with retrieval minus with the null document alone
+    for batch_rows, queries, batch, stats in _scored(
+        model, sentences, store, index, num_candidates, query_max_tokens, max_masks, limit, batch_size, every_span
     ):
         hits = stats["correct"]  # (B, M) bool, False on padding
         valid = batch.mask_valid
@@ -97,8 +118,11 @@ def masked_span_accuracy(
         correct_spans += int((hits | ~valid).all(dim=1).sum())
         p_null += stats["p_null"].item() * len(queries)
         utility += stats["utility"].item() * len(queries)
+        rows += batch_rows
         gains += (hits.sum(1) - stats["null_correct"].sum(1)).tolist()
-    per_sentence = 100 * np.array(gains, dtype=np.float64) / (tokens / spans)  # its mean: the accuracy difference
+    _, sentence_of = np.unique(np.array(rows), return_inverse=True)
+    summed = np.bincount(sentence_of, weights=np.array(gains, dtype=np.float64))  # (S,) over each sentence's spans
+    per_sentence = 100 * summed / (tokens / len(summed))  # its mean: the accuracy difference in points
     low, high = bootstrap_interval(per_sentence)
     gain = float(per_sentence.mean())
     return {
@@ -109,7 +133,8 @@ def masked_span_accuracy(
         "retrieval_gain_95ci": [low, high],
         "p_null": p_null / spans,
         "utility": utility / spans,
-        "sentences": spans,
+        "spans": spans,
+        "sentences": len(per_sentence),
     }
 
 
@@ -148,7 +173,7 @@ def worked_examples(
     the paper's Table 3 picks such examples too."""
     tokenizer = model.retriever.tokenizer
     scored: list[tuple[float, WorkedExample]] = []
-    for queries, batch, stats in _scored(
+    for _, queries, batch, stats in _scored(
         model, sentences, store, index, num_candidates, query_max_tokens, max_masks, pool, batch_size
     ):
         log_pz, token_lp, valid = stats["log_pz"], stats["token_log_probs"], batch.mask_valid.float()  # (B,K) (B,K,M)

@@ -1,7 +1,7 @@
 """How long each pipeline stage may run: one scale for every training stage, so the whole run fits a budget.
 
 The cost of a stage is estimated from the preset's `StageCosts` (measured on the machine the preset is
-sized for). Embedding, tagging and evaluation are fixed costs; the training steps of ICT, REALM
+sized for; its `fp32_costs` where the trainers will compute in fp32, on a CPU without bf16 matmul). Embedding, tagging and evaluation are fixed costs; the training steps of ICT, REALM
 pretraining and QA fine-tuning share what is left, all cut (or stretched) by the same factor, so the
 relative lengths of the stages stay those of the preset. Schedules that count steps (warmup, the
 retriever freeze, the refresh interval, checkpoints) scale with them.
@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from realm.config import Preset, PretrainConfig, StageCosts
 from realm.data.sources import VITAL_ARTICLES
@@ -105,6 +107,14 @@ def pretrain_step_seconds(cfg: PretrainConfig, costs: StageCosts) -> float:
     busy = cfg.steps - null - quiet
     seconds = null * costs.null_pretrain_step + quiet * costs.frozen_pretrain_step + busy * costs.pretrain_step
     return seconds / max(1, cfg.steps)
+
+
+def costed_for(preset: Preset, dtype: torch.dtype) -> Preset:
+    """The preset with the stage costs of the precision its trainers compute in: without bf16 matmul (an AVX2-only
+    CPU) every stage runs in fp32, 1.1-2.3x slower, and a plan costed for bf16 would overrun its budget."""
+    if dtype == torch.float32 and preset.fp32_costs is not None:
+        return dataclasses.replace(preset, costs=preset.fp32_costs)
+    return preset
 
 
 def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:

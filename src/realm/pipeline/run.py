@@ -22,11 +22,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from realm.common.device import default_device, resolve_compute_dtype
 from realm.common.io import write_json_atomic
 from realm.config import MINILM, Preset
 from realm.data.qa_examples import QAExample, load_qa
 from realm.pipeline import work as stage_work
-from realm.pipeline.plan import PipelineOptions, PipelinePlan, Workload, plan_pipeline
+from realm.pipeline.plan import PipelineOptions, PipelinePlan, Workload, costed_for, plan_pipeline
 from realm.pipeline.stages import (
     StageRecord,
     Stages,
@@ -231,8 +232,8 @@ class Pipeline:
 
     def make_plan(self, work: Workload) -> PipelinePlan:
         """Planned once per run directory: a re-run for the same budget, preset and workload keeps the scale
-        in plan.json, so stage costs measured anew (a newer version) cannot change step counts and so
-        re-run finished stages."""
+        in plan.json, so stage costs measured anew (a newer version, or another machine) cannot change step
+        counts and so re-run finished stages. A new plan is costed for the precision this machine trains in."""
         basis = {
             "budget_minutes": self.options.budget_minutes,
             "preset": self.base_preset.name,
@@ -240,14 +241,16 @@ class Pipeline:
         }
         path = self.run_dir / "plan.json"
         stored = json.loads(path.read_text()) if path.is_file() else {}
+        dtype = resolve_compute_dtype(self.base_preset.embed.compute_dtype, default_device())
         plan = plan_pipeline(
-            self.base_preset,
+            costed_for(self.base_preset, dtype),
             work,
             self.options.budget_minutes,
             stored["scale"] if stored.get("basis") == basis else None,
         )
         options = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self.options).items()}
-        write_json_atomic(path, {"basis": basis, **plan.to_dict(), "preset": plan.preset.to_dict(), "options": options})
+        record = {"basis": basis, **plan.to_dict(), "compute_dtype": str(dtype).removeprefix("torch.")}
+        write_json_atomic(path, {**record, "preset": plan.preset.to_dict(), "options": options})
         return plan
 
     def run(self) -> Path:
@@ -258,6 +261,7 @@ class Pipeline:
         preset = self.plan.preset
         self.echo(
             f"[pipeline] plan: {self.plan.estimated_minutes:.0f} min estimated"
+            + (" at fp32 stage costs (no bf16 matmul here)" if self.plan.preset.costs != self.base_preset.costs else "")
             + (
                 f" for a budget of {self.plan.budget_minutes:g} min (training steps x{self.plan.scale:.2f})"
                 if self.plan.budget_minutes
