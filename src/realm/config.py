@@ -215,10 +215,10 @@ class Preset:
     ict: ICTConfig = field(default_factory=ICTConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     qa: QAConfig = field(default_factory=QAConfig)
-    costs: StageCosts = field(
-        default_factory=StageCosts
-    )  # where matmuls run in bf16, as on the machine it is sized for
-    fp32_costs: StageCosts | None = None  # where everything runs in fp32 (no bf16 matmul); None: `costs`
+    # stage costs where matmuls run in bf16 (the machine the preset is sized for), and where everything runs in
+    # fp32 for want of bf16 matmul (None: the same)
+    costs: StageCosts = field(default_factory=StageCosts)
+    fp32_costs: StageCosts | None = None
     pipeline_budget_minutes: float | None = None  # `realm pipeline` default; None: the preset's own step counts
 
     def to_dict(self) -> dict:

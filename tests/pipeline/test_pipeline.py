@@ -76,6 +76,8 @@ def test_a_machine_without_bf16_matmul_plans_with_fp32_costs(tmp_path, monkeypat
         plans[dtype] = Pipeline(options, cpu).make_plan(work)
         assert json.loads((options.run_dir / "plan.json").read_text())["compute_dtype"] == str(dtype)[len("torch.") :]
     assert plans[torch.float32].scale < plans[torch.bfloat16].scale  # fewer steps fill the same two hours
+    with pytest.raises(ValueError, match="embedding, tagging and evaluation alone .* cpu preset in fp32"):
+        plan_pipeline(costed_for(cpu, torch.float32), work, 30)  # 4 index builds at 45 blocks/s: the budget is gone
     for plan in plans.values():
         assert plan.estimated_minutes == pytest.approx(120, rel=0.01)
 

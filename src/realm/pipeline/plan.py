@@ -1,8 +1,9 @@
 """How long each pipeline stage may run: one scale for every training stage, so the whole run fits a budget.
 
 The cost of a stage is estimated from the preset's `StageCosts` (measured on the machine the preset is
-sized for; its `fp32_costs` where the trainers will compute in fp32, on a CPU without bf16 matmul). Embedding, tagging and evaluation are fixed costs; the training steps of ICT, REALM
-pretraining and QA fine-tuning share what is left, all cut (or stretched) by the same factor, so the
+sized for; its `fp32_costs` where the trainers will compute in fp32, on a CPU without bf16 matmul).
+Embedding, tagging and evaluation are fixed costs; the training steps of ICT, REALM pretraining and QA
+fine-tuning share what is left, all cut (or stretched) by the same factor, so the
 relative lengths of the stages stay those of the preset. Schedules that count steps (warmup, the
 retriever freeze, the refresh interval, checkpoints) scale with them.
 """
@@ -164,9 +165,15 @@ def plan_pipeline(
     if scale is None and plan.estimated_minutes > budget_minutes * BUDGET_SLACK:  # the minimum step counts do not fit
         raise ValueError(
             f"a budget of {budget_minutes:g} min is too small: even {MIN_TRAINING_STEPS} steps per "
-            f"trainer take about {plan.estimated_minutes:.0f} min on the {preset.name} preset"
+            f"trainer take about {plan.estimated_minutes:.0f} min on the {_costed(preset)}"
         )
     return plan
+
+
+def _costed(preset: Preset) -> str:
+    """Which costs an estimate used, for the messages that refuse a budget."""
+    fp32 = preset.fp32_costs is not None and preset.costs == preset.fp32_costs
+    return f"{preset.name} preset" + (" in fp32 (this machine has no bf16 matmul)" if fp32 else "")
 
 
 def _scale_to_fit(preset: Preset, stages: list[StageEstimate], budget_minutes: float) -> float:
@@ -177,7 +184,7 @@ def _scale_to_fit(preset: Preset, stages: list[StageEstimate], budget_minutes: f
     if left <= 0 or training <= 0:
         raise ValueError(
             f"a budget of {budget_minutes:g} min is too small: embedding, tagging and evaluation "
-            f"alone take about {fixed / 60:.0f} min on the {preset.name} preset"
+            f"alone take about {fixed / 60:.0f} min on the {_costed(preset)}"
         )
     return left / training
 
