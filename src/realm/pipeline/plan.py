@@ -170,10 +170,14 @@ def plan_pipeline(
     return plan
 
 
+def costed_in_fp32(preset: Preset) -> bool:
+    """Whether `costed_for` gave the preset its fp32 stage costs."""
+    return preset.fp32_costs is not None and preset.costs == preset.fp32_costs
+
+
 def _costed(preset: Preset) -> str:
     """Which costs an estimate used, for the messages that refuse a budget."""
-    fp32 = preset.fp32_costs is not None and preset.costs == preset.fp32_costs
-    return f"{preset.name} preset" + (" in fp32 (this machine has no bf16 matmul)" if fp32 else "")
+    return f"{preset.name} preset" + (" in fp32 (this machine has no bf16 matmul)" if costed_in_fp32(preset) else "")
 
 
 def _scale_to_fit(preset: Preset, stages: list[StageEstimate], budget_minutes: float) -> float:

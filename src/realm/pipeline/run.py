@@ -27,7 +27,14 @@ from realm.common.io import write_json_atomic
 from realm.config import MINILM, Preset
 from realm.data.qa_examples import QAExample, load_qa
 from realm.pipeline import work as stage_work
-from realm.pipeline.plan import PipelineOptions, PipelinePlan, Workload, costed_for, plan_pipeline
+from realm.pipeline.plan import (
+    PipelineOptions,
+    PipelinePlan,
+    Workload,
+    costed_for,
+    costed_in_fp32,
+    plan_pipeline,
+)
 from realm.pipeline.stages import (
     StageRecord,
     Stages,
@@ -261,7 +268,7 @@ class Pipeline:
         preset = self.plan.preset
         self.echo(
             f"[pipeline] plan: {self.plan.estimated_minutes:.0f} min estimated"
-            + (" at fp32 stage costs (no bf16 matmul here)" if self.plan.preset.costs != self.base_preset.costs else "")
+            + (" at fp32 stage costs (no bf16 matmul here)" if costed_in_fp32(self.plan.preset) else "")
             + (
                 f" for a budget of {self.plan.budget_minutes:g} min (training steps x{self.plan.scale:.2f})"
                 if self.plan.budget_minutes
