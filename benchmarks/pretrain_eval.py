@@ -1,9 +1,9 @@
 """Does REALM pretraining do what the paper says? Masked-span accuracy with and without retrieval, and the
 retriever's zero-shot recall against its warm start, each with a paired 95% interval.
 
-Held-out sentences come from documents the trainer never saw as X (they stay in the knowledge corpus Z, minus
-the trivial retrievals); one salient span each is masked, with the same seeded masks for every model. For
-each `--run` (a `realm train pretrain` output):
+Held-out sentences come from documents no run's trainer saw as X (the smallest held-out share in the runs'
+config.json; they stay in the knowledge corpus Z, minus the trivial retrievals); one salient span each is masked,
+with the same seeded masks for every model. For each `--run` (a `realm train pretrain` output):
     - masked-token accuracy of its reader with retrieval (the marginal over the null document and the
       run's last index version) and with the null document alone, same masks, same forward pass; the paired
       gain of retrieval and its interval over sentences (`--every-span`: each salient span masked in turn);
@@ -19,11 +19,12 @@ each `--run` (a `realm train pretrain` output):
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
 
-from realm.config import get_preset
+from realm.config import RUN_CONFIG, get_preset
 from realm.data.blocks import BlockStore
 from realm.data.qa_examples import load_qa
 from realm.data.sentences import SentenceSet, build_sentences
@@ -47,6 +48,11 @@ def hits_at(retriever: str, index_dir: str, questions: list, preset) -> np.ndarr
     return np.array([[r is not None and r < k for k in KS] for r in ranks], dtype=np.float64)
 
 
+def held_out_fraction(run_dir: str) -> float:
+    """The share of documents a `realm train pretrain` run kept out of its training sentences (its config.json)."""
+    return json.loads((Path(run_dir) / RUN_CONFIG).read_text())["config"]["pretrain"]["held_out_fraction"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", required=True)
@@ -63,12 +69,14 @@ def main() -> None:
     args = parser.parse_args()
     preset = get_preset(args.preset)
     store = BlockStore(args.corpus)
-    held_out = SentenceSet(build_sentences(store, progress=False), preset.pretrain.held_out_fraction, held_out=True)
+    runs = [spec.split("=") for spec in args.run]
+    fraction = min(held_out_fraction(run_dir) for _, run_dir, *_ in runs)  # sentences no run trained on
+    held_out = SentenceSet(build_sentences(store, progress=False), fraction, held_out=True)
     print(
-        f"{len(held_out)} held-out sentences from {len(set(held_out.doc_ids))} documents; scoring {args.limit or 'all'}"
+        f"{len(held_out)} held-out sentences from {len(set(held_out.doc_ids))} documents ({fraction:.0%} of them, "
+        f"held out by every run); scoring {args.limit or 'all'}"
     )
     k = preset.pretrain.num_candidates
-    runs = [spec.split("=") for spec in args.run]
 
     print(
         f"\n| run | masked spans (sentences) | token acc. with retrieval ({k} candidates) | null document only "

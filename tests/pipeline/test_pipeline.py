@@ -52,6 +52,9 @@ def test_pretraining_is_costed_by_the_kind_of_step():
     assert pretrain_step_seconds(null_only, costs) == pytest.approx(1.0)
     no_warmup = dataclasses.replace(cfg, null_warmup_steps=0, retriever_frozen_steps=0)
     assert pretrain_step_seconds(no_warmup, costs) == pytest.approx(100.0)
+    query_tower = dataclasses.replace(costs, query_tower_pretrain_step=5.0)
+    fixed = dataclasses.replace(cfg, doc_tower="fixed")  # no builder, whatever refresh_every says
+    assert pretrain_step_seconds(fixed, query_tower) * 10 == pytest.approx(4 * 1 + 6 * 5)
 
 
 def test_a_machine_without_bf16_matmul_plans_with_fp32_costs(tmp_path, monkeypatch):
@@ -153,6 +156,7 @@ TINY_PIPELINE = Preset(
         warmup_steps=1,
         num_candidates=3,
         max_masks=5,
+        doc_tower="fixed",  # as the cpu preset: the ablations add a run that trains it
         refresh_every=2,
         checkpoint_every=2,
         log_every=1,
@@ -205,6 +209,9 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
         "realm_uniform",
         "realm_uniform_index",
         "qa_uniform",
+        "realm_trained",
+        "realm_trained_index",
+        "qa_trained",
         "realm_frozen",
         "realm_frozen_index",
         "qa_frozen",
@@ -233,8 +240,10 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     assert "## Ablations" in results and "## Open-QA exact match" in results and "## Training curves" not in results
     realm = json.loads((run / STAGES / "realm.json").read_text())["result"]
     assert realm["steps"] == TINY_PIPELINE.pretrain.steps
-    frozen_versions = json.loads((run / STAGES / "realm_frozen.json").read_text())["result"]["index_version"]
-    assert frozen_versions == 1  # the ablation's index never refreshes
+    for stage in ("realm", "realm_frozen"):  # the fixed document tower's index, and the stale one, never refresh
+        assert json.loads((run / STAGES / f"{stage}.json").read_text())["result"]["index_version"] == 1, stage
+    trained = json.loads((run / "realm_trained" / "config.json").read_text())["config"]["pretrain"]
+    assert trained["doc_tower"] == "trained" and trained["refresh_every"] == 2
     shown = json.loads((run / STAGES / "examples.json").read_text())["result"]["examples"]
     gains = [math.log(e["p_with_top_block"]) - math.log(e["p_without_retrieval"]) for e in shown]
     assert len(shown) == 3 and gains == sorted(gains, reverse=True)  # where the top block helped most, first
@@ -256,6 +265,8 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     ablations = text.split("## Ablations")[1].split("##")[0]
     rows = [line for line in ablations.splitlines() if line.startswith(("| retriever |", "| masking |", "| index |"))]
     assert len(rows) == 3 and all(" vs " in row and "| 38.20 |" in row for row in rows)
+    rows += [line for line in ablations.splitlines() if line.startswith("| document tower |")]  # not the paper's
+    assert len(rows) == 4 and "fixed (query tower trained) vs trained, index refreshed" in rows[-1]
     assert all(re.search(r"\| \[[+-]\d+\.\d, [+-]\d+\.\d\] \|", row) for row in rows)  # paired intervals
 
     said.clear()

@@ -504,6 +504,23 @@ def test_null_warmup_reads_the_null_document_then_retrieves(tmp_path, tiny_corpu
     assert Retriever.load(str(tmp_path / "run"), TINY_PRESET.retriever).null_score != 0.0  # b_null trained, saved
 
 
+def test_a_fixed_document_tower_keeps_the_first_index_exact(tmp_path, tiny_corpus):
+    """--doc-tower fixed: the query tower trains, the document tower (and so the index built from it) does not, and
+    nothing is refreshed whatever `refresh_every` says."""
+    from realm.recipes.pretrain import train_pretrain
+
+    start = Retriever.load("random", TINY_PRESET.retriever)
+    fixed = dataclasses.replace(TINY_PRESET.pretrain, doc_tower="fixed", refresh_every=1)
+    preset = dataclasses.replace(TINY_PRESET, pretrain=fixed)
+    train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", preset, progress=False)
+    trained = Retriever.load(str(tmp_path / "run"), TINY_PRESET.retriever)
+    assert trained.doc_fingerprint() == start.doc_fingerprint()
+    assert MipsIndex(tmp_path / "run" / "index").meta.doc_tower_fingerprint == start.doc_fingerprint()
+    assert trained.query_tower.fingerprint() != start.query_tower.fingerprint()
+    assert [m["index_version"] for m in _metrics(tmp_path / "run")] == [1, 1, 1, 1]
+    assert not list((tmp_path / "run" / "snapshots").glob("step-*"))  # no builder was fed
+
+
 @pytest.mark.slow
 def test_training_survives_a_dead_builder(tmp_path, tiny_corpus, monkeypatch):
     import subprocess

@@ -37,6 +37,7 @@ FLAG_FIELDS: dict[str, dict[str, str]] = {
             "batch_size",
             "lr",
             "retriever_lr",
+            "doc_tower",
             "retriever_frozen_steps",
             "null_warmup_steps",
             "num_candidates",

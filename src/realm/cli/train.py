@@ -95,6 +95,11 @@ def add_commands(commands) -> None:
     pretrain.add_argument("--lr", type=float)
     pretrain.add_argument("--retriever-lr", type=float, help="learning rate of both towers (default: preset)")
     pretrain.add_argument(
+        "--doc-tower",
+        choices=["trained", "fixed"],
+        help="fixed: only the query tower trains; the first index stays exact, no refreshes",
+    )
+    pretrain.add_argument(
         "--retriever-frozen-steps",
         type=non_negative_int,
         help="towers stay frozen for the first N steps while the reader's fresh head learns",

@@ -101,13 +101,27 @@ def scale_preset(preset: Preset, scale: float, qa_train: int) -> Preset:
 def pretrain_step_seconds(cfg: PretrainConfig, costs: StageCosts) -> float:
     """Mean seconds a REALM pretraining step: the null-document warm-up reads one short sequence an example; a
     retrieval step reads `num_candidates - 1` long ones, and shares the cores with the index builder once the
-    towers train and the index refreshes."""
+    towers train and the index refreshes (with a fixed document tower: never, and no document-tower gradient)."""
     null = cfg.steps if cfg.num_candidates <= 1 else min(cfg.null_warmup_steps, cfg.steps)
+    if cfg.doc_tower == "fixed":
+        seconds = null * costs.null_pretrain_step + (cfg.steps - null) * costs.query_tower_pretrain_step
+        return seconds / max(1, cfg.steps)
     towers_from = min(max(cfg.towers_start_step, null), cfg.steps)
     quiet = cfg.steps - null if not cfg.refresh_every else towers_from - null  # retrieval, no builder at work
     busy = cfg.steps - null - quiet
     seconds = null * costs.null_pretrain_step + quiet * costs.frozen_pretrain_step + busy * costs.pretrain_step
     return seconds / max(1, cfg.steps)
+
+
+def ablation_variants(pretrain: PretrainConfig) -> dict[str, dict]:
+    """The REALM pretraining runs `--ablations` adds, by name, as changes to the recipe: uniform masking; with a
+    fixed document tower, the paper's recipe (document tower trained, index refreshed); and the stale index (the
+    document tower trained, the index never refreshed)."""
+    variants: dict[str, dict] = {"uniform": {"masking": "uniform"}}
+    if pretrain.doc_tower == "fixed":
+        variants["trained"] = {"doc_tower": "trained"}
+    variants["frozen"] = {"doc_tower": "trained", "refresh_every": 0}
+    return variants
 
 
 def costed_for(preset: Preset, dtype: torch.dtype) -> Preset:
@@ -141,8 +155,8 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
         ]
     if work.ablations:
         stages += [StageEstimate("qa_ict", qa_steps, c.qa_step, work.qa_dev * c.qa_question)]
-        for variant, refresh_every in (("uniform", preset.pretrain.refresh_every), ("frozen", 0)):
-            varied = dataclasses.replace(preset.pretrain, refresh_every=refresh_every)
+        for variant, changes in ablation_variants(preset.pretrain).items():
+            varied = dataclasses.replace(preset.pretrain, **changes)
             stages += [
                 StageEstimate(f"realm_{variant}", pretrain_steps, pretrain_step_seconds(varied, c), embed),
                 StageEstimate(f"realm_{variant}_index", 0, 0.0, embed),

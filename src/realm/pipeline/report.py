@@ -7,6 +7,7 @@ the only constants are the paper's published numbers, shown beside ours and labe
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from realm.common.io import write_atomic
@@ -15,12 +16,58 @@ from realm.pipeline.document import Document
 from realm.pipeline.plan import PipelinePlan
 from realm.training import read_metrics
 
-# Guu et al. (2020), Table 2 / section 4.4: NQ dev exact match of REALM and the ablated variant.
-PAPER_ABLATIONS = {
-    "retriever": ("REALM-pretrained retriever", "ICT-only retriever (ORQA)", 38.2, 31.3, "qa_ict"),
-    "masking": ("salient-span masking", "random uniform masking", 38.2, 32.3, "qa_uniform"),
-    "index": ("refreshed index", "frozen (stale) index", 38.2, 28.7, "qa_frozen"),
-}
+MAIN_QA = "eval"  # the stage holding the main system's dense predictions
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """Two fine-tuned systems compared on the same dev questions, with the paper's NQ dev exact match for the pair
+    (Guu et al., 2020, Table 2 / section 4.4; None: a comparison the paper does not make)."""
+
+    what: str
+    ours: str
+    other: str
+    ours_stage: str
+    other_stage: str
+    paper: tuple[float, float] | None
+
+
+def ablations(doc_tower: str) -> list[Ablation]:
+    """The comparisons of `--ablations` (pipeline/plan.py: ablation_variants). With a fixed document tower (ours), the
+    paper's refreshed-against-stale comparison is made between the two runs that train it."""
+    fixed = doc_tower == "fixed"
+    rows = [
+        Ablation(
+            "retriever", "REALM-pretrained retriever", "ICT-only retriever (ORQA)", MAIN_QA, "qa_ict", (38.2, 31.3)
+        ),
+        Ablation("masking", "salient-span masking", "random uniform masking", MAIN_QA, "qa_uniform", (38.2, 32.3)),
+    ]
+    if fixed:
+        rows.append(
+            Ablation(
+                "document tower",
+                "fixed (query tower trained)",
+                "trained, index refreshed (the paper's)",
+                MAIN_QA,
+                "qa_trained",
+                None,
+            )
+        )
+    rows.append(
+        Ablation(
+            "index",
+            "refreshed index" + (" (document tower trained)" if fixed else ""),
+            "frozen (stale) index",
+            "qa_trained" if fixed else MAIN_QA,
+            "qa_frozen",
+            (38.2, 28.7),
+        )
+    )
+    return rows
+
+
+def _predictions(run_dir: Path, stage: str) -> Path:
+    return run_dir / stage / "predictions_dense.jsonl"
 
 
 def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
@@ -49,7 +96,12 @@ def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
                 "REALM pretraining",
                 f"{preset.pretrain.steps} steps, batch {preset.pretrain.batch_size}, lr {preset.pretrain.lr:g}, "
                 f"{preset.pretrain.num_candidates} candidates incl. null, {preset.pretrain.masking} masking, "
-                f"refresh every {preset.pretrain.refresh_every} steps, first "
+                + (
+                    "document tower fixed (the first index stays exact), "
+                    if preset.pretrain.doc_tower == "fixed"
+                    else f"refresh every {preset.pretrain.refresh_every} steps, "
+                )
+                + f"first "
                 f"{preset.pretrain.null_warmup_steps} on the null document alone, towers frozen for "
                 f"{preset.pretrain.towers_start_step} steps",
             ],
@@ -160,24 +212,20 @@ def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
     )
 
 
-def _ablation_rows(r: dict, run_dir: Path) -> list[list]:
+def _ablation_rows(r: dict, run_dir: Path, doc_tower: str) -> list[list]:
     """One row per ablation, with the paired difference over the same dev questions (dense retrieval, as the
-    ablations vary the retriever's pretraining); a row whose run has not finished yet shows dashes."""
+    ablations vary the retriever's pretraining); a row whose runs have not finished yet shows dashes."""
     from realm.eval.qa import compare_predictions
 
-    ours = r["eval"]["dense"]["exact_match"]
     rows = []
-    for what, (ours_label, other_label, paper_ours, paper_other, other_stage) in PAPER_ABLATIONS.items():
-        other, difference, interval = None, None, None
-        if other_stage in r:
-            paired = compare_predictions(
-                run_dir / "eval" / "predictions_dense.jsonl", run_dir / other_stage / "predictions_dense.jsonl"
-            )
-            other, difference = paired["exact_match_b"], paired["difference"]
+    for a in ablations(doc_tower):
+        ours, other, difference, interval = None, None, None, None
+        if a.ours_stage in r and a.other_stage in r:
+            paired = compare_predictions(_predictions(run_dir, a.ours_stage), _predictions(run_dir, a.other_stage))
+            ours, other, difference = paired["exact_match_a"], paired["exact_match_b"], paired["difference"]
             interval = "[{:+.1f}, {:+.1f}]".format(*paired["difference_95ci"])
-        rows.append(
-            [what, f"{ours_label} vs {other_label}", ours, other, difference, interval, paper_ours, paper_other]
-        )
+        paper = a.paper or (None, None)
+        rows.append([a.what, f"{a.ours} vs {a.other}", ours, other, difference, interval, *paper])
     return rows
 
 
@@ -257,8 +305,9 @@ def write_report(
     run_dir = Path(run_dir)
     r = {name: record.result for name, record in records.items()}
     planned = {s.name for s in plan.stages}
-    has_ablations = "eval" in r and any(other in planned for *_, other in PAPER_ABLATIONS.values())
-    ablation_rows = _ablation_rows(r, run_dir) if has_ablations else []  # read once, shown twice
+    doc_tower = plan.preset.pretrain.doc_tower
+    has_ablations = MAIN_QA in r and any(a.other_stage in planned for a in ablations(doc_tower))
+    ablation_rows = _ablation_rows(r, run_dir, doc_tower) if has_ablations else []  # read once, shown twice
     status = (
         "" if complete else f" **In progress:** {len(records)} stages done; the Stages table lists those still pending."
     )

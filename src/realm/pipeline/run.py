@@ -3,7 +3,8 @@
     corpus -> warm start -> ICT -> REALM pretraining (first index, asynchronous refresher)
            -> [QA: off-the-shelf and ICT indexes -> fine-tuning -> evaluation (dense, BM25, zero-shot recall)]
            -> worked examples
-           -> [ablations: ICT-only retriever, uniform masking, frozen index; each fine-tuned and evaluated]
+           -> [ablations: ICT-only retriever, uniform masking, document tower trained (if the recipe fixes it),
+               frozen index; each fine-tuned and evaluated]
     and the report, rewritten after every stage.
 
 Each stage writes into `<run>/<stage>/` and finishes by writing `<run>/stages/<stage>.json` (its
@@ -31,6 +32,7 @@ from realm.pipeline.plan import (
     PipelineOptions,
     PipelinePlan,
     Workload,
+    ablation_variants,
     costed_for,
     costed_in_fp32,
     plan_pipeline,
@@ -307,7 +309,7 @@ class Pipeline:
                 reader=self.run_dir / "warm_start" / "reader",
                 evaluate=True,
             )
-            for variant, changes in (("uniform", {"masking": "uniform"}), ("frozen", {"refresh_every": 0})):
+            for variant, changes in ablation_variants(preset.pretrain).items():
                 varied = dataclasses.replace(preset, pretrain=dataclasses.replace(preset.pretrain, **changes))
                 pretrained = self.pretrain(f"realm_{variant}", varied, ict, warm)
                 index = self.index(

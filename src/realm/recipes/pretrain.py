@@ -161,7 +161,8 @@ def train_pretrain(
     torch.manual_seed(cfg.seed + d.rank)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    policy = RefreshPolicy(cfg.refresh_every, start_step=cfg.towers_start_step)
+    # a fixed document tower keeps the first index exact: nothing to refresh
+    policy = RefreshPolicy(cfg.refresh_every if cfg.doc_tower == "trained" else 0, start_step=cfg.towers_start_step)
     store = BlockStore(corpus)
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
     if d.main:
@@ -175,6 +176,8 @@ def train_pretrain(
         Retriever.load(retriever_spec, preset.retriever), Reader.load(reader_spec, preset.retriever.shape)
     )
     model.to(device).train()
+    if cfg.doc_tower == "fixed":  # no gradient, no dropout: f(x, z) scores blocks as the index stores them
+        model.retriever.doc_tower.requires_grad_(False).eval()
     # The decoder is tied to the word embeddings (trained at the base rate); the transform and bias are fresh.
     # Until the head predicts something, the retrieval gradient is noise that Adam would turn into full-size
     # steps on the towers (this collapsed the retriever on the cpu preset), so the towers may start later.
