@@ -40,12 +40,17 @@ from realm.models.retriever import Retriever
 KS = (1, 5, 20)
 
 
-def hits_at(retriever: str, index_dir: str, questions: list, preset) -> np.ndarray:
+def searcher_hits(searcher: DenseSearcher, questions: list) -> np.ndarray:
     """(Q, len(KS)) 0/1: does a top-k block hold an answer."""
-    index = MipsIndex(index_dir)
-    searcher = DenseSearcher(index, Retriever.load(retriever, index.retriever_config(preset.retriever)))
     ranks = first_answer_ranks(questions, search_all(searcher, [q.question for q in questions], max(KS)))
     return np.array([[r is not None and r < k for k in KS] for r in ranks], dtype=np.float64)
+
+
+def hits_at(retriever: str, index_dir: str, questions: list, preset) -> np.ndarray:
+    index = MipsIndex(index_dir)
+    return searcher_hits(
+        DenseSearcher(index, Retriever.load(retriever, index.retriever_config(preset.retriever))), questions
+    )
 
 
 def held_out_fraction(run_dir: str) -> float:
