@@ -43,6 +43,36 @@ def test_build_search_and_reopen(tmp_path, tiny_corpus, tiny_retriever):
     assert [h.block_id for h in batch[0]] == [h.block_id for h in hits[:2]]
 
 
+def test_a_build_copies_the_embeddings_of_an_index_the_same_document_tower_built(tmp_path, tiny_corpus, monkeypatch):
+    import torch
+
+    import realm.index.build as build
+
+    retriever = Retriever.load("random", TINY_RETRIEVER)
+    first = build.build_from_retriever(retriever, tiny_corpus, tmp_path / "first", TINY_EMBED, IndexConfig())
+    with torch.no_grad():
+        retriever.query_tower.projection.weight.mul_(0.5)  # the query tower trained, the document tower did not
+    other = Retriever.load("random", dataclasses.replace(TINY_RETRIEVER, pooling="cls"))
+    other_meta = build.build_from_retriever(other, tiny_corpus, tmp_path / "other", TINY_EMBED, IndexConfig())
+
+    def no_embedding(*args, **kwargs):
+        raise AssertionError("embedded although an index of the same document tower exists")
+
+    monkeypatch.setattr(build, "embed_shards", no_embedding)
+    reuse = [tmp_path / "other", tmp_path / "first"]  # the other tower's index is passed over
+    copied = build.build_from_retriever(
+        retriever, tiny_corpus, tmp_path / "copy", TINY_EMBED, IndexConfig(), reuse=reuse
+    )
+    assert copied.reused_from == str((tmp_path / "first" / "versions" / "v000001").resolve())
+    assert copied.doc_tower_fingerprint == first.doc_tower_fingerprint and other_meta.reused_from is None
+    assert np.array_equal(MipsIndex(tmp_path / "copy").embeddings(), MipsIndex(tmp_path / "first").embeddings())
+    assert DenseSearcher(MipsIndex(tmp_path / "copy"), retriever).search("moon", 1)
+    assert MipsIndex(tmp_path / "first").embeddings().shape == (len(tiny_corpus), 16)  # the source keeps its own
+    with pytest.raises(AssertionError, match="embedded although"):  # other settings: embedded anew
+        wider = dataclasses.replace(TINY_EMBED, batch_size=TINY_EMBED.batch_size + 1)
+        build.build_from_retriever(retriever, tiny_corpus, tmp_path / "wider", wider, IndexConfig(), reuse=reuse)
+
+
 def test_k_larger_than_corpus(tmp_path, tiny_corpus, tiny_retriever):
     _build(tiny_corpus, tiny_retriever, tmp_path / "index")
     hits = DenseSearcher(MipsIndex(tmp_path / "index"), tiny_retriever).search("moon", 1000)

@@ -12,6 +12,7 @@ import pytest
 from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
 
 from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, StageCosts, get_preset
+from realm.index.mips import read_meta
 from realm.pipeline.plan import PipelineOptions, Workload, costed_for, plan_pipeline, pretrain_step_seconds
 from realm.pipeline.run import Pipeline
 from realm.pipeline.stages import STAGES, Stages, describe_input
@@ -37,6 +38,16 @@ def test_budget_scales_every_training_stage_to_fit():
     assert with_ablations.preset.pretrain.steps < plan.preset.pretrain.steps  # the same budget, more runs
     with pytest.raises(ValueError, match="too small"):
         plan_pipeline(cpu, work, 5)
+    embeds = {s.name: s.fixed_seconds > 0 for s in with_ablations.stages if s.name.endswith("index")}
+    # a fixed document tower is embedded once (the REALM stage's first index); the runs that train it, anew
+    assert embeds == {
+        "baseline_index": True,
+        "ict_index": False,
+        "realm_index": False,
+        "realm_uniform_index": False,
+        "realm_trained_index": True,
+        "realm_frozen_index": True,
+    }
     with pytest.raises(ValueError, match="need QA"):
         Workload(blocks=10, ablations=True)
 
@@ -80,7 +91,7 @@ def test_a_machine_without_bf16_matmul_plans_with_fp32_costs(tmp_path, monkeypat
         assert json.loads((options.run_dir / "plan.json").read_text())["compute_dtype"] == str(dtype)[len("torch.") :]
     assert plans[torch.float32].scale < plans[torch.bfloat16].scale  # fewer steps fill the same two hours
     with pytest.raises(ValueError, match="embedding, tagging and evaluation alone .* cpu preset in fp32"):
-        plan_pipeline(costed_for(cpu, torch.float32), work, 30)  # 4 index builds at 45 blocks/s: the budget is gone
+        plan_pipeline(costed_for(cpu, torch.float32), work, 25)  # 2 index builds at 45 blocks/s, evaluation: gone
     for plan in plans.values():
         assert plan.estimated_minutes == pytest.approx(120, rel=0.01)
 
@@ -244,6 +255,15 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
         assert json.loads((run / STAGES / f"{stage}.json").read_text())["result"]["index_version"] == 1, stage
     trained = json.loads((run / "realm_trained" / "config.json").read_text())["config"]["pretrain"]
     assert trained["doc_tower"] == "trained" and trained["refresh_every"] == 2
+    # the ICT document tower is embedded once, by the REALM stage: every later index of it copies that
+    reused = {
+        stage: json.loads((run / STAGES / f"{stage}.json").read_text())["result"]["reused_from"]
+        for stage in ("baseline_index", "ict_index", "realm_index", "realm_uniform_index", "realm_trained_index")
+    }
+    assert reused["ict_index"] and reused["realm_index"] and reused["realm_uniform_index"]
+    assert reused["baseline_index"] is None and reused["realm_trained_index"] is None  # other document towers
+    for stage in ("realm_uniform", "realm_frozen"):  # each trainer's first index: the ICT tower's
+        assert read_meta(run / stage / "index", 1).reused_from, stage
     shown = json.loads((run / STAGES / "examples.json").read_text())["result"]["examples"]
     gains = [math.log(e["p_with_top_block"]) - math.log(e["p_without_retrieval"]) for e in shown]
     assert len(shown) == 3 and gains == sorted(gains, reverse=True)  # where the top block helped most, first

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,7 +27,16 @@ from realm.config import EmbedConfig, IndexConfig, RetrieverConfig
 from realm.data.blocks import BlockStore
 from realm.index.backends import MipsIndexError, build_faiss
 from realm.index.embed import BlockEmbedder, embed_shards, merge_shards
-from realm.index.mips import BUILDING, CURRENT, VERSIONS, IndexMeta, current_version, publish, read_meta
+from realm.index.mips import (
+    BUILDING,
+    CURRENT,
+    VERSIONS,
+    IndexMeta,
+    current_version,
+    publish,
+    read_meta,
+    version_dir,
+)
 from realm.models.retriever import Retriever
 from realm.training import ONE_PROCESS, Dist, broadcast
 
@@ -43,11 +53,14 @@ def build_index(
     checkpoint_step: int | None = None,
     checkpoint_time: float | None = None,
     replace_model: bool = False,
+    reuse: Sequence[Path] = (),
     d: Dist = ONE_PROCESS,
 ) -> IndexMeta:
     """Embed every block of `store` and publish a new index version at `index_dir`; every rank returns its meta.
     A folder whose live version was built by another document tower is refused unless `replace_model` (its users'
-    query towers would no longer match it); the trainer's builder, whose towers change by design, passes True."""
+    query towers would no longer match it); the trainer's builder, whose towers change by design, passes True.
+    `reuse`: index folders whose live version, if built by this document tower over this corpus with the same
+    settings, gives its embeddings instead (a pipeline builds the same tower's index several times)."""
     index_dir = Path(index_dir)
     live = current_version(index_dir) if (index_dir / CURRENT).exists() else None
     if live is not None and not replace_model:
@@ -66,11 +79,20 @@ def build_index(
     ):
         raise FileExistsError(f"{index_dir} exists and is not an index folder; refusing to write into it")
     started = time.monotonic()
-    shards = embed_shards(store, embedder, doc_fingerprint, index_dir / BUILDING, embed_config, progress, d)
+    retriever_fields = {k: v for k, v in asdict(retriever_config).items() if k != "shape"}
+    source = same_embeddings(reuse, doc_fingerprint, store, embed_config, retriever_fields)
+    if source is None:
+        shards = embed_shards(store, embedder, doc_fingerprint, index_dir / BUILDING, embed_config, progress, d)
     embed_seconds = time.monotonic() - started
     meta = None
     if d.main:
-        embeddings = merge_shards(shards, index_dir / BUILDING / "embeddings.npy")
+        merged = index_dir / BUILDING / "embeddings.npy"
+        if source is None:
+            embeddings = merge_shards(shards, merged)
+        else:
+            merged.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / "embeddings.npy", merged)  # publish moves it in: the source keeps its own
+            embeddings = np.load(merged, mmap_mode="r")
         index, params = build_faiss(embeddings, index_config)
         try:
             corpus_path = os.path.relpath(store.folder.resolve(), index_dir.resolve())
@@ -89,18 +111,41 @@ def build_index(
                 dim=int(embeddings.shape[1]),
                 backend=index_config.backend,
                 params=params,
-                retriever={k: v for k, v in asdict(retriever_config).items() if k != "shape"},
+                retriever=retriever_fields,
                 storage_dtype=embed_config.storage_dtype,
                 embed=asdict(embed_config),
                 embed_seconds=round(embed_seconds, 1),
                 build_seconds=round(time.monotonic() - started, 1),
                 checkpoint_step=checkpoint_step,
                 checkpoint_time=checkpoint_time,
+                reused_from=None if source is None else str(source.resolve()),
             ),
             index_config.keep_versions,
         )
         shutil.rmtree(index_dir / BUILDING, ignore_errors=True)
     return broadcast(meta, d)
+
+
+def same_embeddings(
+    folders: Sequence[Path], doc_fingerprint: str, store: BlockStore, embed_config: EmbedConfig, retriever: dict
+) -> Path | None:
+    """The first live version among `folders` built by this document tower over exactly this corpus (no blocks
+    added since) with the same embedding settings: its embeddings are the ones a build would compute."""
+    for folder in folders:
+        live = current_version(Path(folder)) if (Path(folder) / CURRENT).exists() else None
+        if live is None:
+            continue
+        meta = read_meta(folder, live)
+        if (
+            meta.doc_tower_fingerprint == doc_fingerprint
+            and meta.corpus_fingerprint == store.fingerprint
+            and not meta.added
+            and meta.num_vectors == len(store)
+            and meta.embed == asdict(embed_config)
+            and meta.retriever == retriever
+        ):
+            return version_dir(folder, live)
+    return None
 
 
 def build_from_retriever(
@@ -113,11 +158,12 @@ def build_from_retriever(
     snapshot_time: float | None = None,
     progress: bool = False,
     replace_model: bool = False,
+    reuse: Sequence[Path] = (),
     d: Dist = ONE_PROCESS,
 ) -> IndexMeta:
     """Embed every block with the retriever's document tower and publish a version: the one build path of
     `realm index build`, the trainer's first index and the builder's rebuilds. `step`/`snapshot_time`: the
-    trainer snapshot it comes from (None outside training)."""
+    trainer snapshot it comes from (None outside training); `reuse`: see `build_index`."""
     embedder = BlockEmbedder(retriever.doc_tower, retriever.tokenizer, store.config, embed)
     return build_index(
         store,
@@ -131,5 +177,6 @@ def build_from_retriever(
         checkpoint_step=step,
         checkpoint_time=snapshot_time,
         replace_model=replace_model,
+        reuse=reuse,
         d=d,
     )

@@ -74,6 +74,8 @@ class IndexMeta:
     embed: dict = field(
         default_factory=dict
     )  # the EmbedConfig of the build ({} in versions written before it was kept)
+    # the version whose embeddings this one copied (same document tower, corpus and settings) instead of embedding
+    reused_from: str | None = None
 
 
 # -- publishing -----------------------------------------------------------------------------------

@@ -147,8 +147,16 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
             (work.blocks / c.tag_blocks_per_second) + embed,
         ),
     ]
+    # An index whose document tower already built one in the run copies its embeddings (pipeline/run.py:
+    # built_indexes): with a fixed document tower, every REALM index is the ICT tower's, embedded once (the REALM
+    # stage's first index); a trained one's first index is the ICT tower's too.
+    reembed = 0.0 if preset.pretrain.doc_tower == "fixed" else embed
     if work.qa_train:
-        stages += [StageEstimate(name, 0, 0.0, embed) for name in ("baseline_index", "ict_index", "realm_index")]
+        stages += [
+            StageEstimate("baseline_index", 0, 0.0, embed),
+            StageEstimate("ict_index", 0, 0.0, reembed),
+            StageEstimate("realm_index", 0, 0.0, reembed),
+        ]
         stages += [
             StageEstimate("qa", qa_steps, c.qa_step, 0.0),
             StageEstimate("eval", 0, 0.0, 3 * work.qa_dev * c.qa_question),
@@ -158,8 +166,8 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
         for variant, changes in ablation_variants(preset.pretrain).items():
             varied = dataclasses.replace(preset.pretrain, **changes)
             stages += [
-                StageEstimate(f"realm_{variant}", pretrain_steps, pretrain_step_seconds(varied, c), embed),
-                StageEstimate(f"realm_{variant}_index", 0, 0.0, embed),
+                StageEstimate(f"realm_{variant}", pretrain_steps, pretrain_step_seconds(varied, c), 0.0),
+                StageEstimate(f"realm_{variant}_index", 0, 0.0, 0.0 if varied.doc_tower == "fixed" else embed),
                 StageEstimate(f"qa_{variant}", qa_steps, c.qa_step, work.qa_dev * c.qa_question),
             ]
     return stages

@@ -33,16 +33,20 @@ def build_corpus_folder(
     }
 
 
-def build_index_folder(retriever_folder: Path, corpus: Path, index_dir: Path, preset: Preset, progress: bool) -> dict:
+def build_index_folder(
+    retriever_folder: Path, corpus: Path, index_dir: Path, preset: Preset, progress: bool, reuse: Sequence[Path]
+) -> dict:
+    """An index of the retriever's document tower; `reuse`: the run's other indexes, one of which may already hold
+    the same embeddings (a fixed document tower's are the ICT warm start's)."""
     from realm.data.blocks import BlockStore
     from realm.index.build import build_from_retriever
     from realm.models.retriever import Retriever
 
     retriever = Retriever.load(str(retriever_folder), preset.retriever)
     meta = build_from_retriever(
-        retriever, BlockStore(corpus), index_dir, preset.embed, preset.index, 0, time.time(), progress
+        retriever, BlockStore(corpus), index_dir, preset.embed, preset.index, 0, time.time(), progress, reuse=reuse
     )
-    return {"vectors": meta.num_vectors, "embed_seconds": meta.embed_seconds}
+    return {"vectors": meta.num_vectors, "embed_seconds": meta.embed_seconds, "reused_from": meta.reused_from}
 
 
 def finetune(

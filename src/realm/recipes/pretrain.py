@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -148,7 +149,10 @@ def train_pretrain(
     resume: bool = False,
     progress: bool = True,
     allow_config_change: bool = False,
+    reuse_indexes: Sequence[Path] = (),
 ) -> Path:
+    """REALM pretraining into `out`. `reuse_indexes`: index folders whose embeddings the first index may copy when
+    the same document tower built them over this corpus (index/build.py: build_index)."""
     cfg = preset.pretrain
     if cfg.num_candidates > 1 and cfg.null_warmup_steps >= cfg.steps:
         raise ValueError(
@@ -238,6 +242,7 @@ def train_pretrain(
             step,
             time.time(),
             progress and d.main,
+            reuse=reuse_indexes,
             d=d,
         )
     (out / "snapshots" / STOP_FILE).unlink(missing_ok=True)  # left by an earlier run's clean exit
