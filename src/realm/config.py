@@ -128,9 +128,7 @@ class PretrainConfig:
     # masked queries are centred on their mean embedding, estimated at the start and tracked with this momentum a
     # step (models/retriever.py; against hubness); 0: no centring
     mask_center_momentum: float = 0.01
-    # while the document tower trains, the trainer snapshots the retriever every N steps for the index builder; 0: a
-    # frozen (stale) index
-    refresh_every: int = 500
+    refresh_every: int = 500  # a trained document tower: snapshot for the index builder every N steps; 0: stale index
     builder_nice: int = 0  # the builder process's niceness (0-19) on the trainer's machine
     # local: the trainer starts its index builder beside it; external: a builder runs elsewhere (`realm index
     # refresh --config <out>/builder.json`, e.g. a torchrun job on other machines sharing the filesystem)

@@ -18,6 +18,7 @@ import torch
 
 from realm.config import Preset, PretrainConfig, StageCosts
 from realm.data.sources import VITAL_ARTICLES
+from realm.pipeline.ablations import ablation_variants
 
 MIN_TRAINING_STEPS = 2
 BUDGET_SLACK = 1.1  # a plan may overrun its budget by this factor when the step counts hit their minimum
@@ -111,17 +112,6 @@ def pretrain_step_seconds(cfg: PretrainConfig, costs: StageCosts) -> float:
     busy = cfg.steps - null - quiet
     seconds = null * costs.null_pretrain_step + quiet * costs.frozen_pretrain_step + busy * costs.pretrain_step
     return seconds / max(1, cfg.steps)
-
-
-def ablation_variants(pretrain: PretrainConfig) -> dict[str, dict]:
-    """The REALM pretraining runs `--ablations` adds, by name, as changes to the recipe: uniform masking; with a
-    fixed document tower, the paper's recipe (document tower trained, index refreshed); and the stale index (the
-    document tower trained, the index never refreshed)."""
-    variants: dict[str, dict] = {"uniform": {"masking": "uniform"}}
-    if pretrain.doc_tower == "fixed":
-        variants["trained"] = {"doc_tower": "trained"}
-    variants["frozen"] = {"doc_tower": "trained", "refresh_every": 0}
-    return variants
 
 
 def costed_for(preset: Preset, dtype: torch.dtype) -> Preset:

@@ -7,63 +7,14 @@ the only constants are the paper's published numbers, shown beside ours and labe
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from realm.common.io import write_atomic
+from realm.pipeline.ablations import MAIN_QA, ablations
 from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import Document
 from realm.pipeline.plan import PipelinePlan
 from realm.training import read_metrics
-
-MAIN_QA = "eval"  # the stage holding the main system's dense predictions
-
-
-@dataclass(frozen=True)
-class Ablation:
-    """Two fine-tuned systems compared on the same dev questions, with the paper's NQ dev exact match for the pair
-    (Guu et al., 2020, Table 2 / section 4.4; None: a comparison the paper does not make)."""
-
-    what: str
-    ours: str
-    other: str
-    ours_stage: str
-    other_stage: str
-    paper: tuple[float, float] | None
-
-
-def ablations(doc_tower: str) -> list[Ablation]:
-    """The comparisons of `--ablations` (pipeline/plan.py: ablation_variants). With a fixed document tower (ours), the
-    paper's refreshed-against-stale comparison is made between the two runs that train it."""
-    fixed = doc_tower == "fixed"
-    rows = [
-        Ablation(
-            "retriever", "REALM-pretrained retriever", "ICT-only retriever (ORQA)", MAIN_QA, "qa_ict", (38.2, 31.3)
-        ),
-        Ablation("masking", "salient-span masking", "random uniform masking", MAIN_QA, "qa_uniform", (38.2, 32.3)),
-    ]
-    if fixed:
-        rows.append(
-            Ablation(
-                "document tower",
-                "fixed (query tower trained)",
-                "trained, index refreshed (the paper's)",
-                MAIN_QA,
-                "qa_trained",
-                None,
-            )
-        )
-    rows.append(
-        Ablation(
-            "index",
-            "refreshed index" + (" (document tower trained)" if fixed else ""),
-            "frozen (stale) index",
-            "qa_trained" if fixed else MAIN_QA,
-            "qa_frozen",
-            (38.2, 28.7),
-        )
-    )
-    return rows
 
 
 def _predictions(run_dir: Path, stage: str) -> Path:

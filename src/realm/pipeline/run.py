@@ -28,11 +28,11 @@ from realm.common.io import write_json_atomic
 from realm.config import MINILM, Preset
 from realm.data.qa_examples import QAExample, load_qa
 from realm.pipeline import work as stage_work
+from realm.pipeline.ablations import ablation_variants
 from realm.pipeline.plan import (
     PipelineOptions,
     PipelinePlan,
     Workload,
-    ablation_variants,
     costed_for,
     costed_in_fp32,
     plan_pipeline,
@@ -115,22 +115,12 @@ class Pipeline:
             "ict", {"after": [corpus.fingerprint, warm.fingerprint], "ict": dataclasses.asdict(preset.ict)}, work
         )
 
-    def built_indexes(self) -> list[Path]:
-        """The index folders of this run's stages: a build whose document tower built one of them copies its
-        embeddings (with a fixed document tower, the ICT, REALM and most ablation indexes are one embedding)."""
-        return sorted(self.run_dir.glob("*/index"))
-
     def index(self, name: str, retriever_folder: Path, preset: Preset, after: list[StageRecord]) -> StageRecord:
         """Embed the corpus with a retriever's document tower (zero-shot recall, and the ICT-only baseline)."""
 
         def work(folder: Path, resume: bool) -> dict:
             return stage_work.build_index_folder(
-                retriever_folder,
-                self.run_dir / "corpus",
-                folder / "index",
-                preset,
-                self.options.progress,
-                self.built_indexes(),
+                retriever_folder, self.run_dir, folder / "index", preset, self.options.progress
             )
 
         settings = {
@@ -155,7 +145,7 @@ class Pipeline:
                 preset,
                 resume=resume,
                 progress=self.options.progress,
-                reuse_indexes=self.built_indexes(),
+                reuse_indexes=stage_work.run_indexes(self.run_dir),
             )
             return {**last_metrics(folder), "index_version": MipsIndex(folder / "index").version}
 

@@ -33,18 +33,23 @@ def build_corpus_folder(
     }
 
 
-def build_index_folder(
-    retriever_folder: Path, corpus: Path, index_dir: Path, preset: Preset, progress: bool, reuse: Sequence[Path]
-) -> dict:
-    """An index of the retriever's document tower; `reuse`: the run's other indexes, one of which may already hold
-    the same embeddings (a fixed document tower's are the ICT warm start's)."""
+def run_indexes(run_dir: Path) -> list[Path]:
+    """The index folders of a run's stages: a build whose document tower built one of them copies its embeddings
+    (with a fixed document tower, the ICT, REALM and most ablation indexes are one embedding)."""
+    return sorted(run_dir.glob("*/index"))
+
+
+def build_index_folder(retriever_folder: Path, run_dir: Path, index_dir: Path, preset: Preset, progress: bool) -> dict:
+    """An index of the retriever's document tower over the run's corpus, copied from one of the run's indexes where
+    the same document tower built it."""
     from realm.data.blocks import BlockStore
     from realm.index.build import build_from_retriever
     from realm.models.retriever import Retriever
 
     retriever = Retriever.load(str(retriever_folder), preset.retriever)
+    store = BlockStore(run_dir / "corpus")
     meta = build_from_retriever(
-        retriever, BlockStore(corpus), index_dir, preset.embed, preset.index, 0, time.time(), progress, reuse=reuse
+        retriever, store, index_dir, preset.embed, preset.index, 0, time.time(), progress, reuse=run_indexes(run_dir)
     )
     return {"vectors": meta.num_vectors, "embed_seconds": meta.embed_seconds, "reused_from": meta.reused_from}
 

@@ -23,12 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from realm.common.device import autocast, default_device, resolve_compute_dtype
 from realm.config import Preset, PretrainConfig, record_run_config
 from realm.data.blocks import BlockStore
-from realm.data.sentences import (
-    SentenceSet,
-    build_sentences,
-    mask_sentence,
-    sentences_path,
-)
+from realm.data.sentences import SentenceSet, build_sentences, mask_sentence, sentences_path
 from realm.index.build import build_from_retriever
 from realm.index.mips import BUILDING, MipsIndex, current_version
 from realm.index.refresh import STOP_FILE, BuilderConfig, RefreshPolicy, save_snapshot, start_builder
