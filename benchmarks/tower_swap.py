@@ -23,6 +23,8 @@ from realm.index.mips import MipsIndex
 from realm.index.search import DenseSearcher
 from realm.models.retriever import Retriever
 
+AT_5 = KS.index(5)  # the column the paired difference compares
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -52,11 +54,9 @@ def main() -> None:
             paired = Retriever(q.query_tower, d.doc_tower, d.tokenizer, d.config, d.null_score)
             hits = searcher_hits(DenseSearcher(indexes[doc_name], paired), questions)  # (Q, len(KS))
             base = hits if base is None else base
-            diff, (low, high) = paired_difference(100 * hits[:, KS.index(5)], 100 * base[:, KS.index(5)])
-            print(
-                f"| {query_name} | {doc_name} | {100 * hits[:, 0].mean():.2f} | {100 * hits[:, 1].mean():.2f} | "
-                f"{100 * hits[:, 2].mean():.2f} | {diff:+.2f} [{low:+.2f}, {high:+.2f}] |"
-            )
+            diff, (low, high) = paired_difference(100 * hits[:, AT_5], 100 * base[:, AT_5])
+            recalls = " | ".join(f"{100 * hits[:, i].mean():.2f}" for i in range(len(KS)))
+            print(f"| {query_name} | {doc_name} | {recalls} | {diff:+.2f} [{low:+.2f}, {high:+.2f}] |")
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ def same_embeddings(
     """The first live version among `folders` built by this document tower over exactly this corpus (no blocks
     added since) with the same embedding settings: its embeddings are the ones a build would compute."""
     for folder in folders:
-        live = current_version(Path(folder)) if (Path(folder) / CURRENT).exists() else None
+        live = current_version(Path(folder))
         if live is None:
             continue
         meta = read_meta(folder, live)

@@ -137,8 +137,8 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
             (work.blocks / c.tag_blocks_per_second) + embed,
         ),
     ]
-    # An index whose document tower already built one in the run copies its embeddings (pipeline/run.py:
-    # built_indexes): with a fixed document tower, every REALM index is the ICT tower's, embedded once (the REALM
+    # An index whose document tower already built one in the run copies its embeddings (pipeline/work.py:
+    # run_indexes): with a fixed document tower, every REALM index is the ICT tower's, embedded once (the REALM
     # stage's first index); a trained one's first index is the ICT tower's too.
     reembed = 0.0 if preset.pretrain.doc_tower == "fixed" else embed
     if work.qa_train:
