@@ -287,7 +287,11 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     assert len(rows) == 3 and all(" vs " in row and "| 38.20 |" in row for row in rows)
     rows += [line for line in ablations.splitlines() if line.startswith("| document tower |")]  # not the paper's
     assert len(rows) == 4 and "fixed (query tower trained) vs trained, index refreshed" in rows[-1]
-    assert all(re.search(r"\| \[[+-]\d+\.\d, [+-]\d+\.\d\] \|", row) for row in rows)  # paired intervals
+    assert all(
+        re.search(r"\| \[[+-]\d+\.\d, [+-]\d+\.\d\] \| \d+\.\d\d \|", row) for row in rows
+    )  # interval, detectable
+    for runs in ("realm_runs.png", "qa_runs.png"):  # the ablations' learning curves, a colour per run
+        assert (run / "plots" / runs).is_file(), runs
 
     said.clear()
     Pipeline(tiny_run, TINY_PIPELINE, said.append).run()  # everything matches: nothing runs again

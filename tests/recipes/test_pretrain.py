@@ -517,7 +517,9 @@ def test_a_fixed_document_tower_keeps_the_first_index_exact(tmp_path, tiny_corpu
     assert trained.doc_fingerprint() == start.doc_fingerprint()
     assert MipsIndex(tmp_path / "run" / "index").meta.doc_tower_fingerprint == start.doc_fingerprint()
     assert trained.query_tower.fingerprint() != start.query_tower.fingerprint()
-    assert [m["index_version"] for m in _metrics(tmp_path / "run")] == [1, 1, 1, 1]
+    metrics = _metrics(tmp_path / "run")
+    assert [m["index_version"] for m in metrics] == [1, 1, 1, 1]
+    assert not any("staleness_steps" in m or "builder_alive" in m for m in metrics)  # never stale, no builder
     assert not list((tmp_path / "run" / "snapshots").glob("step-*"))  # no builder was fed
 
 

@@ -1,11 +1,16 @@
-"""The paper's ablations in `realm pipeline --ablations`: which REALM pretraining runs it adds, and which fine-tuned
-systems the report compares (each pair on the same dev questions, with the paper's NQ figures where it has them)."""
+"""The paper's ablations in `realm pipeline --ablations`: which REALM pretraining runs it adds, which fine-tuned
+systems the report compares (each pair on the same dev questions, with the paper's NQ figures where it has them),
+and the report's ablation table and learning curves."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from realm.config import PretrainConfig
+from realm.pipeline.curves import plot_runs
+from realm.pipeline.document import Document
+from realm.training import read_metrics
 
 
 def ablation_variants(pretrain: PretrainConfig) -> dict[str, dict]:
@@ -67,3 +72,81 @@ def ablations(doc_tower: str) -> list[Ablation]:
         )
     )
     return rows
+
+
+DETECTABLE_IN_SE = 1.96 + 0.84  # a true difference this many standard errors is found 80% of the time at 5%
+
+
+def predictions(run_dir: Path, stage: str) -> Path:
+    return run_dir / stage / "predictions_dense.jsonl"
+
+
+def ablation_rows(r: dict, run_dir: Path, doc_tower: str) -> list[list]:
+    """One row per ablation, with the paired difference over the same dev questions (dense retrieval, as the
+    ablations vary the retriever's pretraining); a row whose runs have not finished yet shows dashes."""
+    from realm.eval.qa import compare_predictions
+
+    rows = []
+    for a in ablations(doc_tower):
+        ours, other, difference, interval, detectable = None, None, None, None, None
+        if a.ours_stage in r and a.other_stage in r:
+            paired = compare_predictions(predictions(run_dir, a.ours_stage), predictions(run_dir, a.other_stage))
+            ours, other, difference = paired["exact_match_a"], paired["exact_match_b"], paired["difference"]
+            low, high = paired["difference_95ci"]
+            interval = f"[{low:+.1f}, {high:+.1f}]"
+            detectable = DETECTABLE_IN_SE * (high - low) / (2 * 1.96)  # the interval's width gives the standard error
+        paper = a.paper or (None, None)
+        rows.append([a.what, f"{a.ours} vs {a.other}", ours, other, difference, interval, detectable, *paper])
+    return rows
+
+
+def ablation_table(doc: Document, rows: list[list]) -> None:
+    doc.heading("Ablations (the paper's, in miniature)")
+    doc.paragraph(
+        "Exact match on our dev questions after fine-tuning, each system with its own dense retriever; the paper's "
+        "numbers are NQ dev exact match (Guu et al., 2020). Same corpus, data and step counts for every row. "
+        "The difference is paired over the same questions, with its 95% bootstrap interval; 'detectable' is the "
+        "smallest true difference these questions would show 80% of the time (2.8 standard errors): a smaller "
+        "effect, such as the paper's scaled down to a short run, can hide in a flat row."
+    )
+    doc.table(
+        [
+            "ablation",
+            "comparison",
+            "ours EM",
+            "ablated EM",
+            "difference",
+            "95% interval",
+            "detectable",
+            "paper EM",
+            "paper ablated",
+        ],
+        rows,
+    )
+
+
+def ablation_curves(doc: Document, run_dir: Path, records: dict, doc_tower: str) -> None:
+    """The ablations' runs side by side: where a difference does not show at the end, the curves say whether it
+    is opening (and so whether a larger budget would show it) or not there at all."""
+    realm = [s for s in records if s == "realm" or (s.startswith("realm_") and not s.endswith("_index"))]
+    qa = [s for s in dict.fromkeys(["qa", *(a.other_stage for a in ablations(doc_tower))]) if s in records]
+    figures = [
+        (
+            realm,
+            ("utility", "accuracy", "loss"),
+            "REALM pretraining: retrieval utility (nats per mask), masked-token accuracy and loss",
+        ),
+        (
+            qa,
+            ("answer_in_top_k", "train_em", "loss"),
+            "QA fine-tuning: answer in the reader's blocks, training exact match and loss",
+        ),
+    ]
+    for stages, metrics, caption in figures:
+        if len(stages) < 2:
+            continue
+        runs = {s: read_metrics(run_dir / s) for s in stages}
+        png = plot_runs(metrics, runs, run_dir / "plots" / f"{stages[0]}_runs.png")
+        if png is not None:
+            doc.paragraph(f"{caption}, a colour per run: {', '.join(stages)}.")
+            doc.image(png, caption)

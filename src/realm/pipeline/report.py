@@ -10,15 +10,11 @@ import time
 from pathlib import Path
 
 from realm.common.io import write_atomic
-from realm.pipeline.ablations import MAIN_QA, ablations
+from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations
 from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import Document
 from realm.pipeline.plan import PipelinePlan
 from realm.training import read_metrics
-
-
-def _predictions(run_dir: Path, stage: str) -> Path:
-    return run_dir / stage / "predictions_dense.jsonl"
 
 
 def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
@@ -52,9 +48,9 @@ def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
                     if preset.pretrain.doc_tower == "fixed"
                     else f"refresh every {preset.pretrain.refresh_every} steps, "
                 )
-                + f"first "
-                f"{preset.pretrain.null_warmup_steps} on the null document alone, towers frozen for "
-                f"{preset.pretrain.towers_start_step} steps",
+                + f"first {preset.pretrain.null_warmup_steps} on the null document alone, "
+                + ("query tower" if preset.pretrain.doc_tower == "fixed" else "towers")
+                + f" frozen for {preset.pretrain.towers_start_step} steps",
             ],
             [
                 "QA fine-tuning",
@@ -163,36 +159,6 @@ def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
     )
 
 
-def _ablation_rows(r: dict, run_dir: Path, doc_tower: str) -> list[list]:
-    """One row per ablation, with the paired difference over the same dev questions (dense retrieval, as the
-    ablations vary the retriever's pretraining); a row whose runs have not finished yet shows dashes."""
-    from realm.eval.qa import compare_predictions
-
-    rows = []
-    for a in ablations(doc_tower):
-        ours, other, difference, interval = None, None, None, None
-        if a.ours_stage in r and a.other_stage in r:
-            paired = compare_predictions(_predictions(run_dir, a.ours_stage), _predictions(run_dir, a.other_stage))
-            ours, other, difference = paired["exact_match_a"], paired["exact_match_b"], paired["difference"]
-            interval = "[{:+.1f}, {:+.1f}]".format(*paired["difference_95ci"])
-        paper = a.paper or (None, None)
-        rows.append([a.what, f"{a.ours} vs {a.other}", ours, other, difference, interval, *paper])
-    return rows
-
-
-def _ablations(doc: Document, rows: list[list]) -> None:
-    doc.heading("Ablations (the paper's, in miniature)")
-    doc.paragraph(
-        "Exact match on our dev questions after fine-tuning, each system with its own dense retriever; the paper's "
-        "numbers are NQ dev exact match (Guu et al., 2020). Same corpus, data and step counts for every row. "
-        "The difference is paired over the same questions, with its 95% bootstrap interval."
-    )
-    doc.table(
-        ["ablation", "comparison", "ours EM", "ablated EM", "difference", "95% interval", "paper EM", "paper ablated"],
-        rows,
-    )
-
-
 def _examples(doc: Document, r: dict, plan: PipelinePlan) -> None:
     ex = r["examples"]
     doc.heading("Does retrieval help the language model? (held-out sentences)")
@@ -258,7 +224,7 @@ def write_report(
     planned = {s.name for s in plan.stages}
     doc_tower = plan.preset.pretrain.doc_tower
     has_ablations = MAIN_QA in r and any(a.other_stage in planned for a in ablations(doc_tower))
-    ablation_rows = _ablation_rows(r, run_dir, doc_tower) if has_ablations else []  # read once, shown twice
+    compared = ablation_rows(r, run_dir, doc_tower) if has_ablations else []  # read once, shown twice
     status = (
         "" if complete else f" **In progress:** {len(records)} stages done; the Stages table lists those still pending."
     )
@@ -275,7 +241,8 @@ def write_report(
     if "eval" in r:
         _qa_tables(doc, r, plan)
     if has_ablations:
-        _ablations(doc, ablation_rows)
+        ablation_table(doc, compared)
+        ablation_curves(doc, run_dir, records, doc_tower)
     if "examples" in r:
         _examples(doc, r, plan)
 
@@ -286,7 +253,7 @@ def write_report(
     if "eval" in r:
         _qa_tables(results, r, plan)
     if has_ablations:
-        _ablations(results, ablation_rows)
+        ablation_table(results, compared)
 
     report = run_dir / "report.md"
     write_atomic(report, lambda tmp: tmp.write_text(doc.markdown(run_dir), encoding="utf-8"))

@@ -300,12 +300,12 @@ def train_pretrain(
             )
             metrics["lr"] = float(scheduler.get_last_lr()[0])
             if index is not None:
+                metrics["index_version"] = index.version
+            if index is not None and cfg.doc_tower == "trained":  # a fixed document tower's index is never stale
                 metrics |= {
-                    "index_version": index.version,
                     "staleness_steps": step - (index.meta.checkpoint_step or 0),
                     "staleness_seconds": time.time() - (index.meta.checkpoint_time or index.meta.created),
-                    "builder_alive": float(builder_alive),
-                }
+                } | ({"builder_alive": float(builder_alive)} if builder is not None else {})
             metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or step == cfg.steps)
             if d.main and policy.should_snapshot(step):
                 save_snapshot(model.retriever, out / "snapshots", step)
