@@ -89,7 +89,7 @@ def plot_runs(metrics: Sequence[str], runs: dict[str, list[dict]], out: Path) ->
     fig, axes = _figure(len(names))
     for ax, name in zip(axes, names):
         for color, (run, rows) in enumerate(runs.items()):
-            steps = [r["step"] for r in rows if name in r]
-            if steps:
-                _draw(ax, steps, [r[name] for r in rows if name in r], f"C{color}", run)
+            logged = [r for r in rows if name in r]
+            if logged:
+                _draw(ax, [r["step"] for r in logged], [r[name] for r in logged], f"C{color}", run)
     return _save(fig, axes, names, out)
