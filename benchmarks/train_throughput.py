@@ -25,8 +25,8 @@ runs three variants as child processes, alternating round by round so machine no
 `naive` (this tree with Hugging Face's own BertModel forward over padded batches, in fp32: `--naive`). Each
 trainer's step time is the lower of its per-round medians; the ratios are against `base`.
 
-Sentences are split without the salient-span tagger (spaCy may be absent), so `salient` masking falls back
-to random spans; that changes which tokens are masked, not the step's cost.
+Sentences are split without the salient-span tagger (spaCy may be absent), so REALM steps mask random spans
+(`random-span`) instead of salient ones; that changes which tokens are masked, not the step's cost.
 """
 
 from __future__ import annotations

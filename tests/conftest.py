@@ -29,7 +29,14 @@ from realm.config import (
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TINY_SHAPE = EncoderShape(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-TINY_RETRIEVER = RetrieverConfig(proj_dim=16, pooling="mean", query_max_tokens=32, shape=TINY_SHAPE)
+TINY_RETRIEVER = RetrieverConfig(  # the cpu preset's retriever settings at a tiny shape
+    proj_dim=16,
+    pooling="mean",
+    dropout_position="pooled",
+    null_document="learned_weight",
+    query_max_tokens=32,
+    shape=TINY_SHAPE,
+)
 TINY_CORPUS = CorpusConfig(max_block_tokens=48, max_title_tokens=8)
 TINY_EMBED = EmbedConfig(batch_size=4, compute_dtype="fp32", storage_dtype="fp32", shard_size=2)
 NO_DROPOUT = dataclasses.replace(TINY_SHAPE, dropout=0.0)

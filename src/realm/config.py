@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from realm.common.io import write_json_atomic
 
@@ -24,7 +24,7 @@ MINILM = "minilm"  # the warm-start weights: all-MiniLM-L6-v2, installed from Py
 SERVE_BATCH_SIZE = 8  # `realm serve`: concurrent questions read together at most
 SERVE_BATCH_WAIT_MS = 5  # how long the first question of a batch waits for others
 
-Pooling = Literal["cls", "mean"]
+Pooling = Literal["cls", "pooler", "mean"]
 Backend = Literal["flat", "hnsw", "ivfpq"]
 
 
@@ -50,14 +50,20 @@ class EncoderShape:
 @dataclass(frozen=True)
 class RetrieverConfig:
     proj_dim: int = 128  # Embed_input / Embed_doc output size (paper: 128)
-    pooling: Pooling = "cls"  # paper: BERT_CLS; the MiniLM warm start wants "mean" (see README)
-    dropout: float = 0.1  # on the projection, in training only
+    pooling: Pooling = "pooler"  # pooler: BERT's pooled [CLS] (the paper); cls: the raw [CLS]; mean: MiniLM's (README)
+    dropout: float = 0.1  # in training only
+    dropout_position: Literal["embedding", "pooled"] = "embedding"  # after the LayerNorm (paper) or before the dense
+    # REALM's null document (models/realm.py): scored, f(x, null) in one softmax with the blocks (the paper); or
+    # learned_weight, p(null) = sigmoid(b_null) and the towers rank the retrieved blocks only
+    null_document: Literal["scored", "learned_weight"] = "scored"
     query_max_tokens: int = 96  # pretraining query length (paper: 96)
     shape: EncoderShape = field(default_factory=EncoderShape)
+    LEGACY: ClassVar[dict[str, str]] = {"dropout_position": "pooled", "null_document": "learned_weight"}  # older files
 
     @classmethod
     def from_dict(cls, data: dict) -> RetrieverConfig:
         """The inverse of dataclasses.asdict (as saved in checkpoints and builder configs)."""
+        data = {**cls.LEGACY, **data}
         return cls(**{**data, "shape": EncoderShape(**data["shape"])}) if "shape" in data else cls(**data)
 
 
@@ -79,8 +85,7 @@ class IndexConfig:
     ivf_nlist: int = 0  # 0: chosen from the corpus size (4 * sqrt(n))
     ivf_nprobe: int = 32
     pq_m: int = 32  # sub-quantisers (bytes per vector); lowered to a divisor of the dim
-    # ivfpq: fetch rerank x k candidates, then rescore them exactly from the stored (memory-mapped)
-    # embeddings, so scores are true inner products and recall recovers most of the PQ loss; 0 disables.
+    # ivfpq: fetch rerank x k candidates and rescore them exactly from the stored embeddings (0: do not)
     ivf_rerank: int = 4
     # flat: up to this many vectors, a faiss IndexFlatIP in RAM (fp32); beyond, exact search scans the
     # memory-mapped fp16 embeddings chunk by chunk (RAM: one chunk, not N x D x 4 bytes).
@@ -111,27 +116,22 @@ class PretrainConfig:
     lr: float = 3e-5
     head_lr_multiplier: float = 1.0  # the reader's masked-LM head; >1 when it starts fresh (MiniLM has none)
     retriever_lr: float | None = None  # both towers; None: `lr`
-    # fixed: only the query tower trains; the document tower stays at its warm start, so the first index stays
-    # exact and `refresh_every` is not used (ORQA's choice for fine-tuning; the paper trains both and refreshes)
+    # fixed: only the query tower trains and the first index stays exact (ORQA's fine-tuning); the paper trains both
     doc_tower: Literal["trained", "fixed"] = "trained"
     retriever_frozen_steps: int = 0  # towers keep lr 0 this long, while a fresh head learns to read
-    # the first N steps read the null document alone (masked-LM without retrieval: one short sequence an example
-    # instead of num_candidates long ones), a cheap warm-up of a fresh head; the towers stay frozen meanwhile
+    # the first N steps read the null document alone (masked-LM without retrieval), a cheap warm-up of a fresh head
     null_warmup_steps: int = 0
-    # b_null, the logit of the null document's weight p(null) (models/realm.py; starts at 0, p(null) 0.5): one
-    # scalar, so Adam moves it about this much a step
+    # learned_weight's b_null (models/realm.py; starts at 0, p(null) 0.5): one scalar, Adam moves it ~this much a step
     null_score_lr: float = 0.05
     warmup_steps: int = 10_000
     num_candidates: int = 8  # including the null document, which is always first
     max_masks: int = 10
     masking: Literal["salient", "random-span", "uniform"] = "salient"
-    # masked queries are centred on their mean embedding, estimated at the start and tracked with this momentum a
-    # step (models/retriever.py; against hubness); 0: no centring
-    mask_center_momentum: float = 0.01
+    # centre masked queries on their mean embedding, tracked with this momentum a step (against hubness); 0: never
+    mask_center_momentum: float = 0.0
     refresh_every: int = 500  # a trained document tower: snapshot for the index builder every N steps; 0: stale index
     builder_nice: int = 0  # the builder process's niceness (0-19) on the trainer's machine
-    # local: the trainer starts its index builder beside it; external: a builder runs elsewhere (`realm index
-    # refresh --config <out>/builder.json`, e.g. a torchrun job on other machines sharing the filesystem)
+    # local: the trainer starts its builder beside it; external: `realm index refresh --config <out>/builder.json`
     builder: Literal["local", "external"] = "local"
     checkpoint_every: int = 1000
     log_every: int = 10
@@ -155,6 +155,8 @@ class QAConfig:
     head_lr_multiplier: float = 1.0  # the span head starts fresh
     retriever_lr: float | None = None  # the query tower; None: `lr`
     top_k: int = 5  # blocks given to the reader
+    # best_span: ORQA's argmax over (block, span); marginal: the string with the largest summed p(y | x) (answerer.py)
+    answer_selection: Literal["marginal", "best_span"] = "best_span"
     beam: int = 5000  # blocks searched for the early-update retrieval loss (hybrid: from each retriever)
     retriever: str = "dense"  # dense | hybrid (dense + w · BM25 over the union of both top lists; w learned)
     fusion_lr: float = 1e-2  # learning rate of the hybrid's BM25 weight w (one scalar: Adam moves it ~lr a step)
@@ -181,25 +183,21 @@ class StageCosts:
     can scale step counts to fit. cpu: measured on the 2-core development machine (docs/benchmarks.md)."""
 
     fixed_seconds: float = 240.0  # process starts, model loads, corpus build, worked examples, report
-    # re-measured from the 120-minute pipeline of docs/results.md (at 62bcf5a, alone on the cores: ICT 185 steps in
-    # 5.5 min, REALM 333 steps in 28.7 min with tagging and the first index, QA 1,051 steps in 40.5 min, three
-    # indexes in 8.1 min, evaluation of 3 x 1,496 questions in 6.4 min), rounded up
+    # re-measured from the 120-minute pipeline of docs/results.md (at 62bcf5a, alone on the cores), rounded up
     embed_blocks_per_second: float = 105.0  # one index build, the process start included
     tag_blocks_per_second: float = 60.0  # spaCy sentence and entity tagging for salient spans
     ict_step: float = 1.9
     pretrain_step: float = 4.2  # a retrieval step; the index builder shares the cores
     frozen_pretrain_step: float = 2.9  # a retrieval step with no index builder
-    # a retrieval step training the query tower alone (--doc-tower fixed: no builder, no document-tower gradient); not
-    # measured in bf16: the fp32 figure times the bf16/fp32 ratio of refreshing steps (4.2 / 7.8)
+    # the query tower alone (--doc-tower fixed); not measured in bf16: the fp32 figure x the refreshing ratio 4.2 / 7.8
     query_tower_pretrain_step: float = 1.9
     null_pretrain_step: float = 0.5  # the null document alone (--null-warmup-steps): 0.47 s measured
     qa_step: float = 2.4
     qa_question: float = 0.09  # evaluating one question with one retriever and the reader
 
 
-# The same 2-core EPYC class without AVX-512 (AVX2 only: no oneDNN bf16, so every stage computes in fp32), measured
-# there on the cpu preset (docs/benchmarks.md, "Stage costs without bf16"), rounded up; the frozen-index step is the
-# one not measured: the bf16 ratio of frozen to refreshing steps applied to the refreshing one.
+# The same 2-core EPYC class with AVX2 only (every stage in fp32), measured there (docs/benchmarks.md, "Stage costs
+# without bf16"), rounded up; the frozen-index step not measured: the bf16 frozen/refreshing ratio applied.
 FP32_CPU_COSTS = StageCosts(
     embed_blocks_per_second=45.0,
     ict_step=2.5,
@@ -222,8 +220,7 @@ class Preset:
     ict: ICTConfig = field(default_factory=ICTConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     qa: QAConfig = field(default_factory=QAConfig)
-    # stage costs where matmuls run in bf16 (the machine the preset is sized for), and where everything runs in
-    # fp32 for want of bf16 matmul (None: the same)
+    # stage costs with bf16 matmul (the machine the preset is sized for) and in fp32 without it (None: the same)
     costs: StageCosts = field(default_factory=StageCosts)
     fp32_costs: StageCosts | None = None
     pipeline_budget_minutes: float | None = None  # `realm pipeline` default; None: the preset's own step counts
@@ -238,6 +235,8 @@ PRESETS: dict[str, Preset] = {
         corpus=CorpusConfig(max_block_tokens=128, max_title_tokens=24),
         retriever=RetrieverConfig(
             pooling="mean",
+            dropout_position="pooled",
+            null_document="learned_weight",
             query_max_tokens=64,
             shape=EncoderShape(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
         ),
@@ -258,6 +257,7 @@ PRESETS: dict[str, Preset] = {
             null_warmup_steps=1000,
             num_candidates=4,
             max_masks=10,
+            mask_center_momentum=0.01,  # against hubness (README: "Masked queries are embedded apart")
             refresh_every=40,  # the ablations that train the document tower
             checkpoint_every=50,
             log_every=5,
@@ -273,6 +273,7 @@ PRESETS: dict[str, Preset] = {
             retriever_lr=1e-5,
             beam=100,
             retriever="hybrid",
+            answer_selection="marginal",
             dev_limit=500,
             checkpoint_every=50,
             log_every=5,
@@ -283,7 +284,7 @@ PRESETS: dict[str, Preset] = {
     "paper": Preset(
         name="paper",
         corpus=CorpusConfig(max_block_tokens=288, max_title_tokens=32),
-        retriever=RetrieverConfig(pooling="cls", query_max_tokens=96, shape=EncoderShape()),
+        retriever=RetrieverConfig(pooling="pooler", query_max_tokens=96, shape=EncoderShape()),
         embed=EmbedConfig(batch_size=128, compute_dtype="auto", shard_size=500_000),
         index=IndexConfig(),
     ),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 
 import pytest
 from conftest import SHARED_DATA
@@ -23,14 +24,42 @@ from realm.index.search import SearchHit
     [
         ("The Eiffel Tower!", "eiffel tower"),
         ("  a  cat, an owl;  THE end. ", "cat owl end"),
-        ("Café", "cafe\u0301"),  # NFD splits the accent off; the base letter is kept
-        ("“Quoted” — dash", "quoted dash"),  # Unicode punctuation goes too
+        ("Café", "café"),  # no Unicode normalisation: the official script compares the strings as they are
+        ("“Quoted” — dash", "“quoted” — dash"),  # only string.punctuation (ASCII) goes, as in the official script
         ("theatre", "theatre"),  # articles only as whole words
-        ("24–10", "2410"),
+        ("24–10", "24–10"),
+        ("U.S.-based", "usbased"),
     ],
 )
-def test_normalize_answer(raw, normalised):
+def test_normalize_answer_is_the_official_squad_script(raw, normalised):
     assert normalize_answer(raw) == normalised
+
+
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        ("Chopin's nocturnes", "Chopin"),
+        ("the 1997–98 season", "1997"),
+        ("a New York-based company", "New York"),
+        ("he moved between Warsaw/Paris often", "Paris"),
+        ("(Frédéric Chopin)", "Frédéric Chopin"),
+        ("Frédéric Chopin", "Frédéric Chopin"),  # NFC text, NFD answer: both NFD-normalised
+        ("Super Bowl 50, the 50th", "super bowl 50"),
+    ],
+)
+def test_has_answer_finds_answers_next_to_punctuation_as_drqa_does(text, answer):
+    """DrQA's has_answer (which ORQA uses): punctuation is a token of its own, a match a run of whole tokens. The
+    normaliser-based check missed every one of these (cf41f60)."""
+    assert has_answer(text, QAExample("q", (answer,)))
+    assert has_answer(text, QAExample("q", (unicodedata.normalize("NFD", answer),)))
+
+
+@pytest.mark.parametrize(
+    "text, answer",
+    [("Chopinesque", "Chopin"), ("Parisian cafés", "Paris"), ("Denver is a city", "Denver Broncos")],
+)
+def test_has_answer_needs_whole_tokens(text, answer):
+    assert not has_answer(text, QAExample("q", (answer,)))
 
 
 def test_has_answer_matches_whole_normalised_tokens():

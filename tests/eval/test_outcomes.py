@@ -50,3 +50,24 @@ def test_paired_comparison_of_two_predictions_files(tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_text('{"question": "q0", "exact_match": true}\nnot json\n')
     assert main(["eval", "compare", str(better), str(tmp_path / "bad.jsonl")]) == 2
     assert "bad.jsonl:2:" in capsys.readouterr().err
+
+
+def test_answer_selection_marginal_against_orqas_best_span(tokenizer):
+    """`marginal` sums p(z, s | x) over the spans reading as one string; `best_span` (ORQA) takes the single most
+    probable (block, span). Here they disagree: Paris twice at 0.3, Lyon once at 0.35."""
+    import torch
+
+    from realm.eval.answerer import compose_answer
+    from realm.index.search import SearchHit
+    from realm.models.span_reader import block_spans
+
+    bodies = ["Paris", "Lyon", "Paris"]
+    blocks = [block_spans(tokenizer, body, 16, 4) for body in bodies]
+    assert all(len(b.spans) == 1 for b in blocks)
+    hits = [SearchHit(i, f"d{i}", 0.0, "t", body) for i, body in enumerate(bodies)]
+    log_joint = torch.log(torch.tensor([[0.3], [0.35], [0.3]]))  # (K, S) log p(z, s | x)
+    marginal = compose_answer("q", hits, blocks, torch.zeros(3), log_joint, "marginal")
+    best = compose_answer("q", hits, blocks, torch.zeros(3), log_joint, "best_span")
+    assert (marginal.answer, round(marginal.score, 6)) == ("Paris", 0.6)
+    assert (best.answer, round(best.score, 6)) == ("Lyon", 0.35)
+    assert [e.answer_prob for e in best.evidence] == pytest.approx([0.0, 0.35, 0.0])

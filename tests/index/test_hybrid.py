@@ -1,4 +1,4 @@
-"""Hybrid retrieval: the union of the dense and BM25 top k, ranked by f(x, z) + w · BM25(x, z)."""
+"""Hybrid retrieval: the union of the dense and BM25 top max(k, HYBRID_POOL), ranked by f(x, z) + w · BM25(x, z)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from conftest import build_tiny_index
 
 from realm.index.mips import MipsIndex
-from realm.index.search import BM25Searcher, DenseSearcher, HybridSearcher, union_candidates
+from realm.index.search import HYBRID_POOL, BM25Searcher, DenseSearcher, HybridSearcher, union_candidates
 
 QUERIES = ["capital of Japan", "Who composed in the Baroque period?", "the of and", "river flowing into the sea"]
 
@@ -35,7 +35,8 @@ def test_hybrid_ranks_the_union_by_fused_score(tmp_path, tiny_corpus, tiny_retri
     k = 2
     vectors = tiny_retriever.embed_queries(QUERIES).numpy()
     for q, (query, hits) in enumerate(zip(QUERIES, hybrid.batch_search(QUERIES, k))):
-        pool = {h.block_id for h in dense.search(query, k)} | {h.block_id for h in bm25.search(query, k)}
+        depth = max(k, HYBRID_POOL)
+        pool = {h.block_id for h in dense.search(query, depth)} | {h.block_id for h in bm25.search(query, depth)}
         ids = np.array(sorted(pool))
         fused = index.stored_vectors(ids) @ vectors[q] + weight * bm25.scores([query], ids[None])[0]
         expected = ids[np.argsort(-fused, kind="stable")][:k]
@@ -43,3 +44,18 @@ def test_hybrid_ranks_the_union_by_fused_score(tmp_path, tiny_corpus, tiny_retri
         assert [h.score for h in hits] == pytest.approx(sorted(fused, reverse=True)[:k], rel=1e-4, abs=1e-4)
         if weight == 1e4 and bm25.search(query, k):  # BM25 dominates: its own top first
             assert hits[0].block_id == bm25.search(query, k)[0].block_id
+
+
+def test_the_hybrid_top_blocks_do_not_depend_on_how_many_are_asked_for(tmp_path, tiny_corpus, tiny_retriever):
+    """One candidate pool: the top 3 are the same blocks whether 3 or 20 are asked for, so `eval qa --recall-k 20`
+    reads the blocks `ask` and `serve` read (cf41f60 ranked the union of the two top-k lists: a deeper search
+    brought blocks into the top that a shallow one never saw)."""
+    build_tiny_index(tiny_corpus, tiny_retriever, tmp_path / "index")
+    index = MipsIndex(tmp_path / "index")
+    hybrid = HybridSearcher(DenseSearcher(index, tiny_retriever, tiny_corpus), BM25Searcher(tiny_corpus), 0.7)
+    queries = QUERIES + [f"{title} in history" for title in tiny_corpus.slice(0, len(tiny_corpus))[0][:8]]
+    deep = hybrid.batch_search(queries, 20)
+    for k in (1, 3, 5):
+        shallow = hybrid.batch_search(queries, k)
+        assert [[h.block_id for h in row] for row in shallow] == [[h.block_id for h in row[:k]] for row in deep]
+        assert [[h.score for h in row] for row in shallow] == [[h.score for h in row[:k]] for row in deep]

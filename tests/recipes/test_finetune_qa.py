@@ -142,6 +142,23 @@ def test_hybrid_fine_tuning_learns_the_bm25_weight(tmp_path, tiny_qa):
     assert all(answer.evidence for answer in answerer.ask([q.question for q in QUESTIONS]))
 
 
+def test_eval_qa_reads_the_blocks_ask_reads(tmp_path, tiny_qa):
+    """`eval qa` measures recall deeper than the reader's k; the reader still gets the blocks `ask` (and `serve`,
+    and fine-tuning's dev score) retrieve, for every retriever."""
+    from realm.eval.qa import evaluate_qa
+
+    model_dir, index_dir = tiny_qa
+    for retriever in ("dense", "bm25", "hybrid"):
+        answerer = load_answerer(str(model_dir), index_dir, PRESET, retriever)
+        evaluate_qa(answerer, QUESTIONS, (1, 20), tmp_path / f"{retriever}.jsonl")
+        evaluated = [json.loads(line) for line in (tmp_path / f"{retriever}.jsonl").read_text().splitlines()]
+        asked = answerer.ask([q.question for q in QUESTIONS])
+        assert [[e["block_id"] for e in row["evidence"]] for row in evaluated] == [
+            [e.block_id for e in a.evidence] for a in asked
+        ]
+        assert [row["prediction"] for row in evaluated] == [a.answer for a in asked]
+
+
 def test_answers_come_with_consistent_evidence(tiny_qa, tiny_corpus):
     model_dir, index_dir = tiny_qa
     answerer = load_answerer(str(model_dir), index_dir, PRESET)

@@ -53,6 +53,7 @@ TINY_PRESET = Preset(
         num_candidates=3,
         max_masks=5,
         masking="salient",
+        mask_center_momentum=0.01,
         refresh_every=0,
         checkpoint_every=2,
         log_every=1,
@@ -86,6 +87,19 @@ def test_marginal_loss_equals_hand_computation():
     # No retrieved block left: the null document takes it all.
     alone = retrieval_log_probs(f, torch.tensor([[True, False, False, False]]), b_null)
     assert alone.exp().tolist()[0] == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_the_masked_lm_loss_averages_over_masked_tokens_as_the_released_code():
+    """Two sentences, one with three masks and one with one: the loss is the mean of the four tokens' -log p(y_j|x),
+    not the mean of the two sentences' means (cf41f60), so a sentence with more masks weighs more."""
+    log_pz = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]]))  # (B=2, K=2)
+    p = torch.tensor([[[0.1, 0.2, 0.3], [0.3, 0.2, 0.1]], [[0.8, 0.5, 0.5], [0.6, 0.5, 0.5]]])  # (B, K, M=3)
+    valid = torch.tensor([[True, True, True], [True, False, False]])
+    loss, stats = marginal_mlm_loss(log_pz, p.log(), valid)
+    marginals = [0.5 * (0.1 + 0.3), 0.5 * (0.2 + 0.2), 0.5 * (0.3 + 0.1), 0.5 * (0.8 + 0.6)]
+    assert loss.item() == pytest.approx(-sum(math.log(m) for m in marginals) / 4, rel=1e-6)
+    null_ll = (math.log(0.1) + math.log(0.2) + math.log(0.3) + math.log(0.8)) / 4
+    assert stats["utility"].item() == pytest.approx(sum(math.log(m) for m in marginals) / 4 - null_ll, abs=1e-6)
 
 
 def test_towers_get_no_gradient_shared_by_every_block(tiny_corpus, tokenizer):
@@ -203,10 +217,40 @@ def test_other_masking_schemes(tokenizer):
             assert 1 <= len(q.targets) <= 4 and q.input_ids[0] == tokenizer.cls_token_id
     span = mask_sentence(text, [], "random-span", tokenizer, 64, 4, np.random.default_rng(3))
     assert span.mask_positions == list(range(span.mask_positions[0], span.mask_positions[-1] + 1))
-    fallback = mask_sentence(text, [], "salient", tokenizer, 64, 4, np.random.default_rng(0))  # no spans
-    assert fallback.targets
+    with pytest.raises(ValueError, match="no maskable salient span"):  # never a random fallback
+        mask_sentence(text, [], "salient", tokenizer, 64, 4, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="no maskable salient span"):  # the only span is longer than max_masks
+        mask_sentence(text, [(4, 85)], "salient", tokenizer, 64, 4, np.random.default_rng(0))
     with pytest.raises(ValueError):
         mask_sentence(text, [], "everything", tokenizer, 64, 4, rng)
+
+
+def test_salient_masking_leaves_out_sentences_without_a_maskable_span(tmp_path, tiny_corpus, tokenizer):
+    """The released code skips an example without a valid salient span; cf41f60 masked a random span instead (a
+    third of the cpu preset's training sentences). Every mask of a kept sentence lies inside a tagged span, and the
+    run records how many sentences salient masking could use."""
+    from realm.data.sentences import SentenceSet, build_sentences
+    from realm.recipes.pretrain import SENTENCE_USAGE, train_pretrain
+
+    every = SentenceSet(build_sentences(tiny_corpus, progress=False), 0.0)
+    one_piece = every.with_salient_spans(tokenizer, 32, 1)  # spans of one wordpiece only: most sentences have none
+    assert 0 < len(one_piece) < len(every) == one_piece.tagged
+    for i, (text, spans) in enumerate(zip(one_piece.texts, one_piece.spans)):
+        query = mask_sentence(text, spans, "salient", tokenizer, 32, 1, np.random.default_rng(i))
+        start, end = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"][
+            query.mask_positions[0] - 1
+        ]
+        assert len(query.targets) == 1 and (start, end) in spans  # the masked wordpiece is a whole tagged span
+    cfg = TINY_PRESET.pretrain
+    kept = every.with_salient_spans(tokenizer, TINY_PRESET.retriever.query_max_tokens, cfg.max_masks)
+    train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", TINY_PRESET, progress=False)
+    usage = json.loads((tmp_path / "run" / SENTENCE_USAGE).read_text())
+    assert usage == {
+        "masking": "salient",
+        "sentences": len(every),
+        "used": len(kept),
+        "share_used": kept.usage()["share_used"],
+    }
 
 
 def test_refresh_policy():
@@ -452,8 +496,8 @@ def test_masked_queries_start_centred_and_the_centre_is_tracked(tmp_path, tiny_c
     """The first mask_center is the mean of a sample of masked training queries (so their centred mean is 0);
     training then moves it; momentum 0 turns centring off."""
     from realm.data.sentences import SentenceSet, build_sentences, sentences_path
-    from realm.models.realm import pad_queries
-    from realm.recipes.pretrain import CENTER_SAMPLE, estimate_mask_center, train_pretrain
+    from realm.models.realm import CENTER_SAMPLE, estimate_mask_center, pad_queries
+    from realm.recipes.pretrain import train_pretrain
 
     cfg = TINY_PRESET.pretrain
     retriever = Retriever.load("random", TINY_PRESET.retriever)

@@ -47,7 +47,10 @@ FLAG_FIELDS: dict[str, dict[str, str]] = {
             "checkpoint_every",
         )
     },
-    "qa": {field: field for field in ("epochs", "batch_size", "lr", "retriever_lr", "top_k", "beam", "retriever")},
+    "qa": {
+        field: field
+        for field in ("epochs", "batch_size", "lr", "retriever_lr", "top_k", "beam", "retriever", "answer_selection")
+    },
 }
 # sections every command may change through the flags it has (the trainers' sections only by their own command)
 SHARED_SECTIONS = ("corpus", "retriever", "embed", "index")
@@ -121,10 +124,18 @@ def answerer_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--corpus", help="corpus folder, if it moved since the index was built")
     parser.add_argument("--top-k", type=positive_int, help="blocks given to the reader (default: preset)")
+    parser.add_argument(
+        "--answer-selection",
+        choices=["marginal", "best_span"],
+        help="marginal: the string with the largest p(y | x) summed over its spans in the top blocks; best_span: "
+        "ORQA's single best (block, span) (default: preset; cpu marginal, paper best_span)",
+    )
 
 
 def embedding_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pooling", choices=["cls", "mean"], help="tower pooling for a warm start (default: preset)")
+    parser.add_argument(
+        "--pooling", choices=["cls", "pooler", "mean"], help="tower pooling for a warm start (default: preset)"
+    )
     parser.add_argument("--backend", choices=["flat", "hnsw", "ivfpq"], help="index type (default: flat, exact)")
     parser.add_argument("--batch-size", dest="embed_batch_size", type=positive_int, help="blocks per embedding batch")
     parser.add_argument("--dtype", choices=["auto", "bf16", "fp32"], help="compute dtype (auto: bf16 where supported)")

@@ -1,10 +1,17 @@
-"""Open-QA pairs and answer matching: the spec's answer normalisation, exact match, answer-in-text.
+"""Open-QA pairs and answer matching: exact match, and whether a text holds an answer.
 
-Plain answers are compared after normalisation (lowercase, no punctuation, no articles, whitespace
-collapsed). `*.regex.jsonl` answers are regular expressions (CuratedTrec), scored as ORQA's
-`regex_match_score`: compiled with IGNORECASE | UNICODE | MULTILINE and matched at the *start* of the raw
-prediction (`re.match`, so "Atlantic Ocean" matches `Atlantic`); a pattern that does not compile is reported
-and never matches. Recall (does a block hold the answer) searches the NFD text anywhere, as DrQA does.
+Exact match is the official SQuAD script's: lowercase, delete `string.punctuation` (ASCII punctuation only),
+delete the articles a/an/the, collapse whitespace, compare. `*.regex.jsonl` answers are regular expressions
+(CuratedTrec), scored as ORQA's `regex_match_score`: compiled with IGNORECASE | UNICODE | MULTILINE and matched
+at the *start* of the raw prediction (`re.match`, so "Atlantic Ocean" matches `Atlantic`); a pattern that does
+not compile is reported and never matches.
+
+Whether a text holds an answer (recall@k, the reader's span labels, ORQA's early-update beam) is DrQA's
+`has_answer`, which ORQA uses: text and answer are NFD-normalised and tokenised the same way, a token being a
+run of letters, digits and marks or any other single non-space character, so punctuation is a token of its own;
+a match is a run of whole lowercased tokens ("Chopin's" holds "Chopin", "1997–98" holds "1997", "New York-based"
+holds "New York"). Articles and punctuation in the answer count, as in DrQA. A regex answer is searched anywhere
+in the NFD text.
 """
 
 from __future__ import annotations
@@ -13,10 +20,13 @@ import hashlib
 import json
 import logging
 import re
+import string
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
+
+import regex
 
 from realm.common.io import write_atomic
 from realm.data.sources import open_text
@@ -24,7 +34,10 @@ from realm.data.sources import open_text
 log = logging.getLogger(__name__)
 
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+# DrQA's SimpleTokenizer: a run of letters, digits and combining marks, or one other non-space character
+_TOKEN = regex.compile(r"[\p{L}\p{N}\p{M}]+|[^\p{Z}\p{C}]", flags=regex.UNICODE)
 
 
 @dataclass(frozen=True)
@@ -35,10 +48,14 @@ class QAExample:
 
 
 def normalize_answer(text: str) -> str:
-    text = unicodedata.normalize("NFD", text).lower()
-    text = "".join(ch for ch in text if not unicodedata.category(ch).startswith("P"))
-    text = _ARTICLES.sub(" ", text)
+    """The official SQuAD normaliser: lowercase, no ASCII punctuation, no articles, whitespace collapsed."""
+    text = _ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION))
     return " ".join(text.split())
+
+
+def answer_tokens(text: str) -> tuple[str, ...]:
+    """DrQA's uncased tokens of the NFD text: word runs and single punctuation characters."""
+    return tuple(token.lower() for token in _TOKEN.findall(unicodedata.normalize("NFD", text)))
 
 
 @lru_cache(maxsize=65536)
@@ -51,18 +68,24 @@ def _compile(pattern: str) -> re.Pattern | None:
 
 
 @lru_cache(maxsize=32768)
-def _padded_normal_form(text: str) -> str:
-    """Normalised block text, cached: training checks the same blocks against many questions."""
-    return f" {normalize_answer(text)} "
+def _text_tokens(text: str) -> tuple[str, ...]:
+    """answer_tokens of a block, cached: training checks the same blocks against many questions."""
+    return answer_tokens(text)
+
+
+def _contains_run(tokens: tuple[str, ...], run: tuple[str, ...]) -> bool:
+    n = len(run)
+    return any(tokens[i : i + n] == run for i in range(len(tokens) - n + 1) if tokens[i] == run[0])
 
 
 def has_answer(text: str, example: QAExample) -> bool:
-    """Does `text` contain a reference answer (as whole normalised tokens, or matching a regex)?"""
+    """Does `text` hold a reference answer: DrQA's `has_answer` (a run of whole tokens, module doc), or for regex
+    answers a match anywhere in the NFD text?"""
     if example.regex:
         raw = unicodedata.normalize("NFD", text)
         return any((rx := _compile(pattern)) is not None and rx.search(raw) for pattern in example.answers)
-    padded = _padded_normal_form(text)
-    return any(f" {answer} " in padded for answer in map(normalize_answer, example.answers) if answer)
+    tokens = _text_tokens(text)
+    return any(run and _contains_run(tokens, run) for run in map(answer_tokens, example.answers))
 
 
 def is_exact_match(prediction: str, example: QAExample) -> bool:

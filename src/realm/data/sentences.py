@@ -8,11 +8,14 @@ Masking schemes:
     salient      one salient span per sentence, all its wordpieces masked
     random-span  one contiguous span of wordpieces (geometric length, mean 1/p), for the ablation
     uniform      BERT's: each wordpiece with probability 0.15
-Sentences whose spans are all too long (or absent) fall back to random-span under `salient`.
+Under `salient` a sentence without a maskable salient span (none tagged, or each longer than `max_masks` wordpieces
+or cut by the query length) is left out, as the released code skips such examples: `SentenceSet.with_salient_spans`
+keeps the others and counts both, and `mask_sentence` refuses one (it never masks at random instead).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -133,9 +136,38 @@ class SentenceSet:
         texts, starts, ends = (table.column(c).to_pylist() for c in ("text", "span_starts", "span_ends"))
         self.texts = [texts[i] for i in keep]
         self.spans = [list(zip(starts[i], ends[i])) for i in keep]
+        self.tagged = len(keep)  # sentences of this split before any filter
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def with_salient_spans(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int, max_masks: int) -> SentenceSet:
+        """The sentences with at least one maskable salient span (`maskable_spans`), in order; `tagged` still
+        counts every sentence of the split, so `len(kept) / kept.tagged` is the share salient masking can use."""
+        kept = copy.copy(self)
+        rows = []
+        for start in range(0, len(self.texts), 1024):  # one fast-tokenizer call per chunk
+            enc = tokenizer(self.texts[start : start + 1024], add_special_tokens=False, return_offsets_mapping=True,
+                            truncation=True, max_length=max_tokens - 2)
+            rows += [start + i for i, offsets in enumerate(enc["offset_mapping"])
+                     if maskable_spans(self.spans[start + i], offsets, max_masks)]
+        kept.doc_ids, kept.texts, kept.spans = ([values[i] for i in rows] for values in (self.doc_ids, self.texts,
+                                                                                        self.spans))
+        return kept
+
+    def for_masking(
+        self, scheme: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int, max_masks: int
+    ) -> SentenceSet:
+        """The sentences `scheme` can mask: under `salient` those with a maskable salient span (the released code skips
+        the others), else all of them. An empty set is refused."""
+        kept = self.with_salient_spans(tokenizer, max_tokens, max_masks) if scheme == "salient" else self
+        if not len(kept):
+            raise ValueError(f"no sentence of the corpus can be masked with --masking {scheme}")
+        return kept
+
+    def usage(self) -> dict[str, int | float]:
+        """How many of the split's sentences this set holds (after `with_salient_spans`: the salient share)."""
+        return {"sentences": self.tagged, "used": len(self), "share_used": round(len(self) / max(1, self.tagged), 4)}
 
 
 def _encode(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> tuple[list[int], list[tuple[int, int]]]:
@@ -171,13 +203,15 @@ def mask_sentence(text: str, spans: list[tuple[int, int]], scheme: str, tokenize
     chosen: list[int] = []
     if scheme == "salient":
         candidates = maskable_spans(spans, offsets, max_masks)
-        if candidates:
-            chosen = candidates[rng.integers(len(candidates))]
+        if not candidates:
+            raise ValueError(f"no maskable salient span in {text[:80]!r}: leave the sentence out "
+                             "(SentenceSet.with_salient_spans), never mask it at random instead")
+        chosen = candidates[rng.integers(len(candidates))]
     elif scheme == "uniform":
         chosen = sorted(np.flatnonzero(rng.random(n) < 0.15).tolist())[:max_masks] or [int(rng.integers(n))]
     elif scheme != "random-span":
         raise ValueError(f"unknown masking scheme {scheme!r}: salient, random-span or uniform")
-    if not chosen:  # random-span, and the fallback of salient
+    if not chosen:  # random-span
         length = int(min(rng.geometric(0.2), max_masks, max(1, n // 2)))
         start = int(rng.integers(0, n - length + 1))
         chosen = list(range(start, start + length))

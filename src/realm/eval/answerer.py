@@ -2,7 +2,10 @@
 
     p(y | x) = sum over blocks z and spans s of z reading as y of p(z, s | x)     # models/orqa.py
 
-The answer is the string with the highest p(y | x); each block's evidence says how much of it came from there.
+The answer (`selection`): `marginal`, the string with the highest p(y | x), summed over the spans that read as it
+among each block's top SPANS_PER_BLOCK spans; or `best_span`, ORQA's rule, the text of the single most probable
+(block, span), argmax of f(x, z) + S(s). Either way the score is p(answer | x) as `marginal` sums it, and each
+block's evidence says how much of it came from there.
 """
 
 from __future__ import annotations
@@ -51,9 +54,10 @@ def compose_answer(
     blocks: Sequence[BlockSpans],
     block_logits: torch.Tensor,
     log_joint: torch.Tensor,
+    selection: str = "marginal",
 ) -> Answer:
-    """The answer string with the highest marginal p(y | x) among each block's top spans, with its evidence.
-    block_logits (K,) the retrieval logits; log_joint (K, S) log p(z, s | x)."""
+    """The answer string by `selection` (module doc), with its evidence. block_logits (K,) the retrieval logits;
+    log_joint (K, S) log p(z, s | x)."""
     pz = torch.softmax(block_logits.float(), 0).tolist()
     totals: dict[str, float] = {}  # normalised answer -> p(y | x)
     shown: dict[str, str] = {}  # normalised answer -> its text as first read
@@ -74,6 +78,9 @@ def compose_answer(
             totals[key] = totals.get(key, 0.0) + mass
         per_block.append(found)
     best = max(totals, key=lambda answer: totals[answer]) if totals else ""
+    if selection == "best_span" and totals:  # ORQA: the single most probable (block, span)
+        z, s = divmod(int(log_joint.flatten().argmax()), log_joint.size(1))
+        best = normalize_answer(blocks[z].text(hits[z].text, blocks[z].spans[s])) or best
     evidence = []
     for z, hit in enumerate(hits):
         mass, span = per_block[z].get(best, (0.0, None))  # type: ignore[arg-type]  # (0, None): not in this block
@@ -93,7 +100,11 @@ class Answerer:
         max_block_tokens: int,
         batch_size: int = 8,
         dtype: torch.dtype = torch.float32,
+        selection: str = "marginal",
     ):
+        if selection not in ("marginal", "best_span"):
+            raise ValueError(f"unknown answer selection {selection!r}: marginal or best_span")
+        self.selection = selection
         self.model = model.eval()
         self.searcher = searcher
         self.k = k
@@ -149,7 +160,9 @@ class Answerer:
                 k = len(hits[b])
                 block_logits = self._block_logits(hits[b])
                 log_joint = joint_log_probs(block_logits[None], scores[None, row : row + k], valid[None, row : row + k])
-                answers[b] = compose_answer(questions[b], hits[b], blocks[b], block_logits, log_joint[0])
+                answers[b] = compose_answer(
+                    questions[b], hits[b], blocks[b], block_logits, log_joint[0], self.selection
+                )
                 row += k
         return [answer for answer in answers if answer is not None]  # every question has one by now
 
@@ -204,5 +217,10 @@ def load_answerer(
     device = default_device()
     dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
     return Answerer(
-        model.to(device), searcher, k or preset.qa.top_k, index.corpus(corpus).config.max_block_tokens, dtype=dtype
+        model.to(device),
+        searcher,
+        k or preset.qa.top_k,
+        index.corpus(corpus).config.max_block_tokens,
+        dtype=dtype,
+        selection=preset.qa.answer_selection,
     )

@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from realm.data.blocks import BlockStore
-from realm.data.sentences import MaskedQuery, SentenceSet, mask_each_salient_span, mask_sentence
+from realm.data.sentences import MaskedQuery, SentenceSet, mask_each_salient_span
 from realm.eval.intervals import bootstrap_interval
 from realm.index.mips import MipsIndex
 from realm.index.search import retrieve
@@ -35,19 +35,14 @@ def _masked_queries(
     limit: int | None,
     every_span: bool,
 ) -> Iterator[tuple[int, MaskedQuery]]:
-    """(sentence index, query) for the first `limit` sentences: its seeded salient mask, or with `every_span` one
-    query per maskable salient span (sentences without one are skipped)."""
+    """(sentence index, query) for the first `limit` sentences: one query per maskable salient span with
+    `every_span`, else one of them drawn with a seeded generator (as `mask_sentence` draws it). A sentence without a
+    maskable salient span has no query (pass sentences `with_salient_spans` so that `limit` counts used ones)."""
     for i in range(min(limit or len(sentences), len(sentences))):
-        if every_span:
-            for query in mask_each_salient_span(
-                sentences.texts[i], sentences.spans[i], tokenizer, query_max_tokens, max_masks
-            ):
-                yield i, query
-        else:
-            rng = example_rng(EVAL_SEED, 0, i)
-            query = mask_sentence(
-                sentences.texts[i], sentences.spans[i], "salient", tokenizer, query_max_tokens, max_masks, rng
-            )
+        queries = mask_each_salient_span(sentences.texts[i], sentences.spans[i], tokenizer, query_max_tokens, max_masks)
+        if queries and not every_span:
+            queries = [queries[example_rng(EVAL_SEED, 0, i).integers(len(queries))]]
+        for query in queries:
             yield i, query
 
 

@@ -46,15 +46,21 @@ def evaluate_qa(
 
     ks = sorted(set(recall_ks) | {answerer.k})
     started = time.monotonic()
-    hits = search_all(answerer.searcher, [e.question for e in examples], max(ks), batch_size=answerer.batch_size)
+    questions = [e.question for e in examples]
+    hits = search_all(answerer.searcher, questions, max(ks), batch_size=answerer.batch_size)
+    # the reader reads exactly what `ask` would give it: the top k of the deep search where that is the same
+    if max(ks) <= answerer.searcher.prefix_depth:
+        read_hits = [row[: answerer.k] for row in hits]
+    else:
+        read_hits = search_all(answerer.searcher, questions, answerer.k, batch_size=answerer.batch_size)
     answers: list[Answer] = []
     for start in range(0, len(examples), answerer.batch_size):
-        part = examples[start : start + answerer.batch_size]
         answers += answerer.read(
-            [e.question for e in part], [row[: answerer.k] for row in hits[start : start + len(part)]]
+            questions[start : start + answerer.batch_size], read_hits[start : start + answerer.batch_size]
         )
-    first_hit = first_answer_ranks(examples, hits)  # one pass serves recall@k and the outcomes
-    outcomes = [outcome(a.answer, e, r is not None and r < answerer.k) for a, e, r in zip(answers, examples, first_hit)]
+    first_hit = first_answer_ranks(examples, hits)
+    retrieved = [r is not None for r in first_answer_ranks(examples, read_hits)]
+    outcomes = [outcome(a.answer, e, ok) for a, e, ok in zip(answers, examples, retrieved)]
     correct = [o == "exact_match" for o in outcomes]
     if predictions is not None:
         lines = [

@@ -1,18 +1,21 @@
 """Typed search over a knowledge corpus: the dense REALM retriever, BM25, and the hybrid of the two.
 
 Every searcher answers `search(query, k)` and `batch_search(queries, k)` with `SearchHit`s, best first.
-Hybrid retrieval takes the union of the dense and the BM25 top k and ranks it by
+Hybrid retrieval ranks one candidate pool, the union of the dense and the BM25 top max(k, HYBRID_POOL), by
 
     f_hybrid(x, z) = Embed_input(x) · Embed_doc(z) + w · BM25(x, z)
 
 with w learned in QA fine-tuning (models/orqa.py): the dense score of a BM25-only block comes from its
 stored vector, the BM25 score of a dense-only block from BM25 itself, so both terms are exact for every
-candidate. p(z | x) = softmax over the candidates of f_hybrid.
+candidate. p(z | x) = softmax over the candidates of f_hybrid. The pool does not depend on k up to HYBRID_POOL,
+so the top 5 are the same blocks whether 5 or 20 are asked for: `eval qa` (recall@20), `ask`, `serve` and
+fine-tuning (its beam, its dev score) give the reader the same blocks (`hybrid_top`).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,6 +26,8 @@ from realm.data.blocks import BlockStore
 from realm.index.mips import MipsIndex
 from realm.models.realm import RealmModel, select_candidates
 from realm.models.retriever import Retriever
+
+HYBRID_POOL = 100  # hybrid ranking: the union of the dense and the BM25 top max(k, HYBRID_POOL) (the cpu beam)
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class Searcher(Protocol):
     # True: SearchHit.score is the retrieval logit f(x, z), so softmax over hits gives p(z | x). False: a score
     # that only ranks (BM25), so a reader marginalises with a uniform p(z | x).
     scores_are_retrieval_logits: bool
+    # the deepest k for which search(q, k)[:j] == search(q, j) for every j <= k (one deep search serves every depth)
+    prefix_depth: int
 
     def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]: ...
 
@@ -64,6 +71,7 @@ class DenseSearcher:
     """MIPS over Embed_doc with queries embedded by Embed_input; refuses an index built by another doc tower."""
 
     scores_are_retrieval_logits = True
+    prefix_depth = sys.maxsize
 
     def __init__(self, index: MipsIndex, retriever: Retriever, corpus: BlockStore | None = None):
         index.check_doc_tower(retriever.doc_fingerprint())
@@ -87,6 +95,7 @@ class BM25Searcher:
     compares the two)."""
 
     scores_are_retrieval_logits = False
+    prefix_depth = sys.maxsize
 
     def __init__(self, store: BlockStore, stemmer: str | None = "english"):
         import bm25s  # only BM25 needs it (a GPU image may not have it)
@@ -169,10 +178,28 @@ def rank_hybrid(
     return tuple(np.take_along_axis(a, order, 1) for a in (logits, ids, bm25))  # type: ignore[return-value]
 
 
+def hybrid_ranking(
+    index: MipsIndex, sparse: BM25Searcher, queries: list[str], vectors: np.ndarray, weight: float, depth: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The union of the dense and the BM25 top `depth`, ranked by f(x, z) + w · BM25(x, z): (logits, ids, bm25),
+    each (Q, C), best first (-1 / -inf where a row has fewer candidates)."""
+    ids, bm25 = hybrid_candidates(index, sparse, queries, vectors, depth)
+    return rank_hybrid(index, vectors, ids, bm25, weight)
+
+
+def hybrid_top(
+    index: MipsIndex, sparse: BM25Searcher, queries: list[str], vectors: np.ndarray, weight: float, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The hybrid top k, the one candidate pool every hybrid search ranks (module doc): logits and ids, (Q, k)."""
+    logits, ids, _ = hybrid_ranking(index, sparse, queries, vectors, weight, max(k, HYBRID_POOL))
+    return logits[:, :k], ids[:, :k]
+
+
 class HybridSearcher:
     """The union of the dense and the BM25 top k, ranked by f(x, z) + w · BM25(x, z) (module doc)."""
 
     scores_are_retrieval_logits = True
+    prefix_depth = HYBRID_POOL
 
     def __init__(self, dense: DenseSearcher, sparse: BM25Searcher, bm25_weight: float):
         self.dense = dense
@@ -182,9 +209,7 @@ class HybridSearcher:
 
     def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
         vectors = self.dense.retriever.embed_queries(queries).numpy()  # (Q, D)
-        ids, bm25 = hybrid_candidates(self.dense.index, self.sparse, queries, vectors, k)
-        logits, ids, _ = rank_hybrid(self.dense.index, vectors, ids, bm25, self.bm25_weight)
-        return _hits(self.store, logits[:, :k], ids[:, :k])
+        return _hits(self.store, *hybrid_top(self.dense.index, self.sparse, queries, vectors, self.bm25_weight, k))
 
     def search(self, query: str, k: int) -> list[SearchHit]:
         return self.batch_search([query], k)[0]

@@ -6,6 +6,8 @@ needs fp32 master weights, and bf16 compute comes from autocast. Attention is Py
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -31,11 +33,11 @@ def check_weights(folder: str | Path) -> None:
     raise FileNotFoundError(f"{folder}: no model weights (model.safetensors) in this folder")
 
 
-def load_bert(folder: str | Path) -> BertModel:
-    """A BERT body (no pooler)."""
+def load_bert(folder: str | Path, pooler: bool = False) -> BertModel:
+    """A BERT body, with its pooler (dense + tanh over [CLS]) when `pooler`."""
     check_weights(folder)
     return BertModel.from_pretrained(
-        str(folder), add_pooling_layer=False, attn_implementation="sdpa", use_safetensors=True, dtype=torch.float32
+        str(folder), add_pooling_layer=pooler, attn_implementation="sdpa", use_safetensors=True, dtype=torch.float32
     )
 
 
@@ -61,13 +63,22 @@ def bert_config(shape: EncoderShape, vocab_size: int) -> BertConfig:
     )
 
 
-def random_bert(shape: EncoderShape, vocab_size: int, seed: int) -> BertModel:
-    """A randomly initialised BERT body of `shape` (the same weights for the same seed)."""
-    torch.manual_seed(seed)
-    return BertModel(bert_config(shape, vocab_size), add_pooling_layer=False)
+@contextmanager
+def fresh_weights(seed: int) -> Iterator[None]:
+    """Weights created inside come from `seed`, and the caller's random state is as it was afterwards: a fresh head
+    is the same on every run, while `--seed` (set by the recipe, per rank) still decides dropout and data order."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def random_bert(shape: EncoderShape, vocab_size: int, seed: int, pooler: bool = False) -> BertModel:
+    """A randomly initialised BERT body of `shape` (the same weights for the same seed), with a pooler if asked."""
+    with fresh_weights(seed):
+        return BertModel(bert_config(shape, vocab_size), add_pooling_layer=pooler)
 
 
 def random_masked_lm(shape: EncoderShape, vocab_size: int, seed: int) -> BertForMaskedLM:
     """A randomly initialised BertForMaskedLM of `shape` (the same weights for the same seed)."""
-    torch.manual_seed(seed)
-    return BertForMaskedLM(bert_config(shape, vocab_size))
+    with fresh_weights(seed):
+        return BertForMaskedLM(bert_config(shape, vocab_size))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from realm.models.retriever import Retriever
+from realm.models.retriever import Retriever, inner_products
 
 
 class ICTModel(nn.Module):
@@ -21,12 +21,14 @@ class ICTModel(nn.Module):
         super().__init__()
         self.retriever = retriever
 
+    def logits(self, query: dict[str, torch.Tensor], docs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, B) f(q_i, c_j) in fp32."""
+        return inner_products("bd,cd->bc", self.retriever.query_tower(**query), self.retriever.doc_tower(**docs))
+
     def forward(
         self, query: dict[str, torch.Tensor], docs: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        q = self.retriever.query_tower(**query)  # (B, D)
-        d = self.retriever.doc_tower(**docs)  # (B, D)
-        logits = (q @ d.T).float()  # (B, B): the diagonal holds the positives
-        target = torch.arange(len(q), device=logits.device)
+        logits = self.logits(query, docs)  # (B, B): the diagonal holds the positives
+        target = torch.arange(len(logits), device=logits.device)
         loss = nn.functional.cross_entropy(logits, target)
         return loss, (logits.argmax(-1) == target).float().mean().detach()

@@ -18,7 +18,7 @@ from transformers import BertForMaskedLM, PreTrainedTokenizerBase
 from realm.common.io import write_dir_atomic
 from realm.common.tokenization import load_tokenizer, minilm_dir
 from realm.config import MINILM, EncoderShape
-from realm.models.bert import load_masked_lm, random_masked_lm
+from realm.models.bert import fresh_weights, load_masked_lm, random_masked_lm
 from realm.models.encoder import encode
 
 READER_SEED = 20200211
@@ -33,14 +33,14 @@ class Reader(nn.Module):
     @classmethod
     def load(cls, spec: str, shape: EncoderShape | None = None) -> Reader:
         """`minilm`, `random` (needs `shape`), or a folder saved by `save` / any BERT folder."""
-        torch.manual_seed(READER_SEED)  # the fresh head transform is the same on every run
         if spec == "random":
             tokenizer = load_tokenizer(minilm_dir())
             return cls(random_masked_lm(shape or EncoderShape(), len(tokenizer), READER_SEED), tokenizer)
         folder = minilm_dir() if spec == MINILM else Path(spec)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"unknown reader {spec!r}: expected 'minilm', 'random' or a BERT folder")
-        return cls(load_masked_lm(folder), load_tokenizer(folder))
+        with fresh_weights(READER_SEED):  # a fresh head transform (MiniLM has none) is the same on every run
+            return cls(load_masked_lm(folder), load_tokenizer(folder))
 
     def save(self, folder: str | Path) -> None:
         """A plain Hugging Face BertForMaskedLM folder (safetensors) with its tokenizer, swapped in atomically."""

@@ -31,7 +31,7 @@ from torch import nn
 
 from realm.common.io import write_atomic
 from realm.config import MINILM
-from realm.models.retriever import Retriever
+from realm.models.retriever import Retriever, inner_products
 from realm.models.span_reader import (
     MASKED,
     BlockSpans,
@@ -166,17 +166,22 @@ class QAModel(nn.Module):
         """w of the hybrid retriever's f(x, z) + w · BM25(x, z), as a number."""
         return float(self.bm25_weight.detach())
 
-    def forward(self, batch: QABatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def beam_logits(self, batch: QABatch) -> torch.Tensor:
+        """(B, R) f(x, z) + w · BM25(x, z) over the beam, in fp32 (the document side is the frozen index's)."""
         q = self.retriever.query_tower(**batch.query)  # (B, D)
-        f_beam = torch.einsum("bd,brd->br", q.float(), batch.beam_vectors)  # (B, R) f(x, z), doc side frozen
-        f_beam = f_beam + self.bm25_weight * batch.beam_bm25  # hybrid: + w · BM25(x, z) (zeros for dense)
+        f_beam = inner_products("bd,brd->br", q, batch.beam_vectors)  # (B, R) f(x, z)
+        with torch.autocast(q.device.type, enabled=False):
+            return f_beam + self.bm25_weight.float() * batch.beam_bm25.float()  # hybrid (BM25 zeros for dense)
+
+    def forward(self, batch: QABatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        f_beam = self.beam_logits(batch)  # (B, R)
         scores = self.reader(
             **batch.reader.inputs,
             starts=batch.reader.starts,
             ends=batch.reader.ends,
             span_valid=batch.reader.span_valid,
         )  # (B*K, S)
-        shape = (len(q), -1, scores.size(-1))  # (B, K, S)
+        shape = (len(f_beam), -1, scores.size(-1))  # (B, K, S)
         return qa_loss(
             f_beam,
             batch.beam_valid,

@@ -2,23 +2,26 @@
 
 For a masked sentence x with masks j and candidates z_0 = null document, z_1..z_{K-1} from MIPS:
 
-    f(x, z)          = Embed_input(x) · Embed_doc(z)                       # recomputed, gradients reach both towers
+    f(x, z)          = Embed_input(x) · Embed_doc(z)                       # recomputed in fp32, gradients reach both towers
+    p(z | x)         = softmax_z f(x, z)  over z_0..z_{K-1}                # null_document="scored" (the paper)
+    log p(y_j | x)   = logsumexp_z [ log p(z | x) + log p(y_j | z, x) ]   # per mask, as the released code does
+    loss             = - mean over every masked token j of every x of log p(y_j | x)   # as the released code averages
+
+with f(x, null) = Embed_input(x) · Embed_doc([CLS] [SEP] [SEP]), the null document embedded like an empty block.
+Retrieval utility = mean_j [ log p(y_j | x) - log p(y_j | null, x) ] over masked tokens: positive when retrieval helps.
+
+`null_document="learned_weight"` (the cpu preset) replaces the first line by
+
     p(null | x)      = sigmoid(b_null)                                    # b_null: a learned scalar
     p(z | x)         = (1 - p(null | x)) · softmax_{z >= 1} f(x, z)       # over the retrieved candidates only
-    log p(y_j | x)   = logsumexp_z [ log p(z | x) + log p(y_j | z, x) ]   # per mask, as the released code does
-    loss             = - mean_x mean_j log p(y_j | x)
 
-Retrieval utility = mean_j [ log p(y_j | x) - log p(y_j | null, x) ]: positive when retrieval helps.
-
-The null document's weight is our change. The paper scores it like a block, f(x, null) = Embed_input(x) ·
-Embed_doc(null), in one softmax with the retrieved blocks. Then whenever the reader does better without the
-retrieved blocks (most of the time while it is weak: they are distractors), the gradient moves every query
-toward the one null embedding. Measured: after 1,000 null-document steps the reader reads the null document
-better than most blocks; within 100 retrieval steps the towers had put p(null) at 0.4-0.98, and zero-shot
-recall@5 on questions fell from 70.7 to 20.9 (docs/results.md). Here the towers only rank the retrieved blocks
-against each other (a softmax over them, whose gradient has no component shared by every block), and how
-much the marginal relies on no retrieval at all is one learned number, saved with the retriever
-(Retriever.null_score)."""
+Scored as in the paper, whenever the reader does better without the retrieved blocks (most of the time while it
+is weak: they are distractors), the gradient moves every query toward the one null embedding. Measured: after
+1,000 null-document steps the reader reads the null document better than most blocks; within 100 retrieval steps
+the towers had put p(null) at 0.4-0.98, and zero-shot recall@5 on questions fell from 70.7 to 20.9
+(docs/results.md). With a learned weight the towers only rank the retrieved blocks against each other (a softmax
+over them, whose gradient has no component shared by every block), and how much the marginal relies on no
+retrieval at all is one learned number, saved with the retriever (Retriever.null_score)."""
 
 from __future__ import annotations
 
@@ -28,12 +31,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from realm.config import CorpusConfig
+from realm.config import CorpusConfig, PretrainConfig
 from realm.data.blocks import BlockStore
-from realm.data.sentences import MaskedQuery
+from realm.data.sentences import MaskedQuery, SentenceSet, mask_sentence
 from realm.models.inputs import encode_blocks, pad_batch
 from realm.models.mlm_reader import Reader
-from realm.models.retriever import Retriever
+from realm.models.retriever import Retriever, inner_products
 
 NULL_BLOCK = -1  # candidate id of the null document (and of padding where too few blocks remain)
 
@@ -52,21 +55,29 @@ def retrieval_log_probs(
     return torch.cat([log_null, log_blocks.masked_fill(~retrieved, float("-inf"))], dim=1)
 
 
+def scored_log_probs(logits: torch.Tensor, candidate_mask: torch.Tensor) -> torch.Tensor:
+    """logits (B, K) f(x, z) with column 0 the null document's f(x, null); candidate_mask (B, K). Returns log p(z | x)
+    (B, K), one softmax over the null document and the retrieved blocks (-inf at padding): the paper's."""
+    return torch.log_softmax(logits.float().masked_fill(~candidate_mask, float("-inf")), dim=-1)
+
+
 def marginal_mlm_loss(
     log_pz: torch.Tensor, token_log_probs: torch.Tensor, mask_valid: torch.Tensor
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """log_pz (B, K) log p(z | x); token_log_probs (B, K, M) log p(y_j | z, x); mask_valid (B, M). Candidate 0 is
-    the null document. Returns the loss and detached statistics."""
+    the null document. Returns the loss, the mean over every masked token of the batch (as the released code's
+    masked-LM loss: an example with more masks weighs more), and detached statistics."""
     marginal = torch.logsumexp(log_pz.unsqueeze(-1) + token_log_probs, dim=1)  # (B, M)
     valid = mask_valid.float()
-    per_example = (marginal * valid).sum(1) / valid.sum(1).clamp(min=1)  # (B,)
-    null_only = (token_log_probs[:, 0] * valid).sum(1) / valid.sum(1).clamp(min=1)
+    tokens = valid.sum().clamp(min=1)
+    mean_marginal = (marginal * valid).sum() / tokens
+    null_only = (token_log_probs[:, 0] * valid).sum() / tokens
     stats = {
-        "utility": (per_example - null_only).mean().detach(),
+        "utility": (mean_marginal - null_only).detach(),
         "p_null": log_pz[:, 0].exp().mean().detach(),
-        "null_log_likelihood": null_only.mean().detach(),
+        "null_log_likelihood": null_only.detach(),
     }
-    return -per_example.mean(), stats
+    return -mean_marginal, stats
 
 
 def select_candidates(
@@ -156,21 +167,38 @@ class RealmModel(nn.Module):
         super().__init__()
         self.retriever = retriever
         self.reader = reader
-        self.null_score = nn.Parameter(torch.tensor(retriever.null_score))  # b_null
+        self.null_document = retriever.config.null_document
+        if self.null_document == "learned_weight":
+            self.null_score = nn.Parameter(torch.tensor(retriever.null_score))  # b_null
 
     def export_null_score(self) -> None:
-        """Copy the trained b_null into the retriever, which saves it."""
-        self.retriever.null_score = float(self.null_score.detach())
+        """Copy the trained b_null (learned_weight) into the retriever, which saves it."""
+        if self.null_document == "learned_weight":
+            self.retriever.null_score = float(self.null_score.detach())
+
+    def null_embedding(self) -> torch.Tensor:
+        """(1, D) Embed_doc(null): the document tower over an empty block, [CLS] [SEP] [SEP]."""
+        tokenizer = self.retriever.tokenizer
+        ids = torch.tensor([[tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.sep_token_id]])
+        device = next(self.retriever.doc_tower.parameters()).device
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.tensor([[0, 0, 1]])}
+        return self.retriever.doc_tower(**{k: v.to(device) for k, v in inputs.items()})
 
     def forward(self, batch: RealmBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         batch_size, k = batch.candidate_mask.shape
-        q = self.retriever.query_tower(**batch.query)  # (B, D)
+        q = self.retriever.query_tower(**batch.query)  # (B, D), fp32
         if k > 1:
             d = self.retriever.doc_tower(**batch.docs)  # (B*(K-1), D)
-            retrieval_logits = torch.einsum("bd,bkd->bk", q, d.view(batch_size, k - 1, -1))  # f(x, z), (B, K-1)
+            retrieval_logits = inner_products("bd,bkd->bk", q, d.view(batch_size, k - 1, -1))  # f(x, z), (B, K-1)
         else:  # the null document alone: nothing to score
             retrieval_logits = q.new_zeros(batch_size, 0)
-        log_pz = retrieval_log_probs(retrieval_logits, batch.candidate_mask, self.null_score)  # (B, K)
+        if self.null_document == "learned_weight":
+            log_pz = retrieval_log_probs(retrieval_logits, batch.candidate_mask, self.null_score)  # (B, K)
+        elif k > 1:
+            f_null = inner_products("bd,nd->bn", q, self.null_embedding())  # (B, 1) f(x, null)
+            log_pz = scored_log_probs(torch.cat([f_null, retrieval_logits], dim=1), batch.candidate_mask)  # (B, K)
+        else:  # the null document alone: p(null | x) = 1
+            log_pz = q.new_zeros(batch_size, 1)
 
         positions = batch.mask_positions.repeat_interleave(k, dim=0)  # (B*K, M)
         log_probs = self.reader.mask_log_probs(**batch.reader, mask_positions=positions)  # (B*K, M, V)
@@ -191,3 +219,28 @@ class RealmModel(nn.Module):
             stats["token_log_probs"] = token_log_probs.detach()  # (B, K, M)
             stats["uncentred_queries"] = q.detach() + self.retriever.query_tower.mask_center  # (B, D): all masked
         return loss, stats
+
+
+CENTER_SAMPLE = 1024  # masked training queries whose mean is the first mask_center
+
+
+def estimate_mask_center(
+    retriever: Retriever, sentences: SentenceSet, cfg: PretrainConfig, query_max_tokens: int, device: torch.device
+) -> None:
+    """Set the query tower's mask_center to the mean uncentred embedding of CENTER_SAMPLE masked training
+    queries: the centre the first steps retrieve with (the trainer then tracks it)."""
+    tower, tokenizer = retriever.query_tower, retriever.tokenizer
+    tower.mask_center.zero_()
+    rng = np.random.default_rng(cfg.seed)
+    rows = rng.choice(len(sentences), min(CENTER_SAMPLE, len(sentences)), replace=False)
+    queries = [
+        mask_sentence(
+            sentences.texts[i], sentences.spans[i], cfg.masking, tokenizer, query_max_tokens, cfg.max_masks, rng
+        )
+        for i in rows
+    ]
+    vectors = []
+    for start in range(0, len(queries), 128):
+        query, *_ = pad_queries(queries[start : start + 128], tokenizer.pad_token_id)
+        vectors.append(retriever.query_vectors({k: v.to(device) for k, v in query.items()}))
+    tower.track_mask_center(torch.from_numpy(np.concatenate(vectors)).to(device), 1.0)

@@ -46,7 +46,7 @@ from transformers import BertModel, PreTrainedTokenizerBase
 from realm.common.io import write_dir_atomic
 from realm.common.tokenization import load_tokenizer, minilm_dir
 from realm.config import MINILM, RetrieverConfig
-from realm.models.bert import load_bert, random_bert
+from realm.models.bert import fresh_weights, load_bert, random_bert
 from realm.models.encoder import encode
 
 CHECKPOINT_FORMAT = 1
@@ -61,25 +61,49 @@ WARM_START_SEED = 20200210  # fixed so `--model minilm` always means the same re
 WARM_START_SCALE = 20.0
 
 
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """(B, L, H) -> (B, H): the [CLS] vector, or the mean over non-padding positions."""
+def pool(
+    hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str, bert: BertModel | None = None
+) -> torch.Tensor:
+    """(B, L, H) -> (B, H): the [CLS] vector; BERT's pooled output tanh(W · h_[CLS]) (`pooler`, what the released
+    code feeds the projection; needs `bert` with its pooler); or the mean over non-padding positions."""
     if pooling == "cls":
         return hidden[:, 0]
+    if pooling == "pooler":
+        assert bert is not None and bert.pooler is not None, "pooling 'pooler' needs a BERT loaded with its pooler"
+        return bert.pooler(hidden)
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, L, 1)
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
 
 
+def inner_products(equation: str, queries: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
+    """f(x, z) = Embed_input(x) · Embed_doc(z) in fp32 whatever the autocast: bf16 rounding of scores near 20 moves
+    each by up to 0.06, and with it p(z | x) and the retriever's gradient."""
+    with torch.autocast(queries.device.type, enabled=False):
+        return torch.einsum(equation, queries.float(), docs.float())
+
+
 class Tower(nn.Module):
-    """One embedder: BERT, pooling (mean pooling skips `mask_token_id`), then dense -> LayerNorm to `proj_dim`."""
+    """One embedder: BERT, pooling (mean pooling skips `mask_token_id`), then dense -> LayerNorm to `proj_dim`, in
+    fp32 (outside autocast) where the weights are fp32. Dropout is on the pooled vector (`pooled`, the cpu preset)
+    or on the projected embedding (`embedding`, the released code: dense -> LayerNorm -> dropout)."""
 
     mask_center: torch.Tensor  # (D,) a buffer
 
-    def __init__(self, bert: BertModel, proj_dim: int, pooling: str, dropout: float, mask_token_id: int):
+    def __init__(
+        self,
+        bert: BertModel,
+        proj_dim: int,
+        pooling: str,
+        dropout: float,
+        mask_token_id: int,
+        dropout_position: str = "embedding",
+    ):
         super().__init__()
         self.bert = bert
         self.pooling = pooling
         self.mask_token_id = mask_token_id
         self.dropout = nn.Dropout(dropout)
+        self.dropout_position = dropout_position
         self.projection = nn.Linear(bert.config.hidden_size, proj_dim)
         self.layer_norm = nn.LayerNorm(proj_dim)
         self.register_buffer("mask_center", torch.zeros(proj_dim))  # subtracted from queries holding [MASK]
@@ -87,11 +111,17 @@ class Tower(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
     ) -> torch.Tensor:
-        hidden = encode(self.bert, input_ids, attention_mask, token_type_ids)  # (B, L, H)
+        hidden = encode(self.bert, input_ids, attention_mask, token_type_ids)  # (B, L, H), bf16 under autocast
         is_mask = input_ids == self.mask_token_id  # (B, L)
-        pooled = pool(hidden, attention_mask * ~is_mask, self.pooling)  # (B, H)
-        embedded = self.layer_norm(self.projection(self.dropout(pooled)))  # (B, D)
-        return embedded - is_mask.any(1, keepdim=True) * self.mask_center  # centre masked queries only
+        with torch.autocast(hidden.device.type, enabled=False):  # the embedding in the weights' precision
+            hidden = hidden.to(self.projection.weight.dtype)
+            pooled = pool(hidden, attention_mask * ~is_mask, self.pooling, self.bert)  # (B, H)
+            if self.dropout_position == "pooled":
+                pooled = self.dropout(pooled)
+            embedded = self.layer_norm(self.projection(pooled))  # (B, D)
+            if self.dropout_position == "embedding":
+                embedded = self.dropout(embedded)
+            return embedded - is_mask.any(1, keepdim=True) * self.mask_center  # centre masked queries only
 
     @torch.no_grad()
     def track_mask_center(self, uncentred: torch.Tensor, momentum: float) -> None:
@@ -145,7 +175,10 @@ class Retriever(nn.Module):
     def warm_start(cls, bert: BertModel, tokenizer: PreTrainedTokenizerBase, config: RetrieverConfig) -> Retriever:
         """Both towers from the same BERT, with one shared random orthogonal projection (see module doc)."""
         generator = torch.Generator().manual_seed(WARM_START_SEED)
-        query = Tower(bert, config.proj_dim, config.pooling, config.dropout, tokenizer.mask_token_id)
+        with fresh_weights(WARM_START_SEED):  # nn.Linear's own init draws, then is overwritten: keep the caller's RNG
+            query = Tower(
+                bert, config.proj_dim, config.pooling, config.dropout, tokenizer.mask_token_id, config.dropout_position
+            )
         nn.init.orthogonal_(query.projection.weight, generator=generator)
         nn.init.zeros_(query.projection.bias)
         nn.init.constant_(query.layer_norm.weight, math.sqrt(WARM_START_SCALE / config.proj_dim))
@@ -160,17 +193,18 @@ class Retriever(nn.Module):
         A checkpoint carries its own RetrieverConfig, which wins over `config`."""
         if spec == MINILM:
             folder = minilm_dir()
-            return cls.warm_start(load_bert(folder), load_tokenizer(folder), config)
+            return cls.warm_start(load_bert(folder, config.pooling == "pooler"), load_tokenizer(folder), config)
         if spec == "random":
             tokenizer = load_tokenizer(minilm_dir())
-            return cls.warm_start(random_bert(config.shape, len(tokenizer), WARM_START_SEED), tokenizer, config)
+            bert = random_bert(config.shape, len(tokenizer), WARM_START_SEED, config.pooling == "pooler")
+            return cls.warm_start(bert, tokenizer, config)
         folder = Path(spec)
         if (folder / "retriever" / CHECKPOINT_META).is_file():  # a `train pretrain` / `train qa` output
             folder = folder / "retriever"
         if (folder / CHECKPOINT_META).is_file():
             return cls._load_checkpoint(folder)
         if (folder / "config.json").is_file():
-            return cls.warm_start(load_bert(folder), load_tokenizer(folder), config)
+            return cls.warm_start(load_bert(folder, config.pooling == "pooler"), load_tokenizer(folder), config)
         raise FileNotFoundError(
             f"unknown model {spec!r}: expected 'minilm', 'random', a REALM checkpoint folder "
             f"(with {CHECKPOINT_META}) or a Hugging Face BERT folder (with config.json)"
@@ -185,9 +219,15 @@ class Retriever(nn.Module):
         tokenizer = load_tokenizer(folder)
         towers = []
         for name in TOWERS:
-            tower = Tower(
-                load_bert(folder / name), config.proj_dim, config.pooling, config.dropout, tokenizer.mask_token_id
-            )
+            with fresh_weights(WARM_START_SEED):  # overwritten by the checkpoint's projection below
+                tower = Tower(
+                    load_bert(folder / name, config.pooling == "pooler"),
+                    config.proj_dim,
+                    config.pooling,
+                    config.dropout,
+                    tokenizer.mask_token_id,
+                    config.dropout_position,
+                )
             tower.load_projection_state(load_file(folder / name / PROJECTION_FILE))
             towers.append(tower)
         return cls(towers[0], towers[1], tokenizer, config, meta.get("null_score", 0.0))

@@ -22,7 +22,7 @@ from realm.common.io import write_dir_atomic
 from realm.common.tokenization import load_tokenizer, minilm_dir
 from realm.config import MINILM
 from realm.data.qa_examples import QAExample, has_answer, is_answer_span
-from realm.models.bert import load_bert
+from realm.models.bert import fresh_weights, load_bert
 from realm.models.encoder import encode, pad_rows
 from realm.models.inputs import pad_batch
 
@@ -84,8 +84,8 @@ class SpanReader(nn.Module):
         if (folder / READER_META).is_file():
             meta = json.loads((folder / READER_META).read_text())
             span_hidden, max_span_width = meta["span_hidden"], meta["max_span_width"]
-        torch.manual_seed(READER_SEED)  # the same fresh head on every run
-        reader = cls(bert, load_tokenizer(folder), span_hidden, max_span_width)
+        with fresh_weights(READER_SEED):  # the same fresh head on every run
+            reader = cls(bert, load_tokenizer(folder), span_hidden, max_span_width)
         if (folder / SPAN_HEAD_FILE).is_file():
             reader.span_head.load_state_dict(load_file(folder / SPAN_HEAD_FILE))
             reader.fine_tuned = True

@@ -52,6 +52,7 @@ def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
                 + ("query tower" if preset.pretrain.doc_tower == "fixed" else "towers")
                 + f" frozen for {preset.pretrain.towers_start_step} steps",
             ],
+            ["pretraining sentences", _sentence_usage(r.get("realm", {}).get("sentences"))],
             [
                 "QA fine-tuning",
                 f"{r['qa']['train']['steps']} steps, batch {preset.qa.batch_size}, lr {preset.qa.lr:g}, "
@@ -61,6 +62,16 @@ def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
             ],
         ],
     )
+
+
+def _sentence_usage(usage: dict | None) -> str | None:
+    """Which training sentences the masking scheme used, and where every mask came from."""
+    if usage is None:
+        return None
+    share = f"{usage['used']:,} of {usage['sentences']:,} training sentences ({100 * usage['share_used']:.1f}%)"
+    if usage["masking"] == "salient":
+        return f"{share} have a maskable salient span and were used; every mask is a salient span (no random fallback)"
+    return f"{share}, every mask drawn by {usage['masking']} masking"
 
 
 def _stages(doc: Document, records: dict, plan: PipelinePlan) -> None:
@@ -181,6 +192,11 @@ def _examples(doc: Document, r: dict, plan: PipelinePlan) -> None:
             f"Retrieval gain in masked-token accuracy, paired over the same masks: {gain:+.2f} points, 95% bootstrap "
             f"interval [{low:+.2f}, {high:+.2f}] over {ex['with_retrieval']['sentences']} sentences"
             + (" (excludes 0)." if low > 0 or high < 0 else " (includes 0: no clear gain).")
+        )
+    if "held_out_sentences_tagged" in ex:
+        doc.paragraph(
+            f"Held-out sentences with a maskable salient span: {ex['held_out_sentences']:,} of "
+            f"{ex['held_out_sentences_tagged']:,}; the others have nothing to mask and are left out."
         )
     doc.heading("Worked examples (like the paper's Table 3)")
     doc.paragraph(

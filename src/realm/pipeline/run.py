@@ -131,10 +131,9 @@ class Pipeline:
         return self.stages.run(name, settings, work)
 
     def pretrain(self, name: str, preset: Preset, ict: StageRecord, warm: StageRecord) -> StageRecord:
-        """REALM pretraining; the trainer builds the first index from the ICT retriever, then a builder
-        process refreshes it beside the trainer (unless `refresh_every` is 0: a frozen index)."""
+        """REALM pretraining: the trainer builds the first index from the ICT retriever, a builder refreshes it."""
         from realm.index.mips import MipsIndex
-        from realm.recipes.pretrain import train_pretrain
+        from realm.recipes.pretrain import SENTENCE_USAGE, train_pretrain
 
         def work(folder: Path, resume: bool) -> dict:
             train_pretrain(
@@ -147,7 +146,8 @@ class Pipeline:
                 progress=self.options.progress,
                 reuse_indexes=stage_work.run_indexes(self.run_dir),
             )
-            return {**last_metrics(folder), "index_version": MipsIndex(folder / "index").version}
+            sentences = json.loads((folder / SENTENCE_USAGE).read_text())
+            return last_metrics(folder) | {"index_version": MipsIndex(folder / "index").version, "sentences": sentences}
 
         return self.stages.run(
             name,

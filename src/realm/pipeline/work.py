@@ -139,15 +139,17 @@ def pretraining_examples(corpus: Path, realm_run: Path, preset: Preset) -> dict:
     from realm.models.retriever import Retriever
 
     store = BlockStore(corpus)
-    held_out = SentenceSet(sentences_path(store), preset.pretrain.held_out_fraction, held_out=True)
     model = RealmModel(
         Retriever.load(str(realm_run / "retriever"), preset.retriever), Reader.load(str(realm_run / "reader"))
     )
     index = MipsIndex(realm_run / "index")
     k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
+    held_out = SentenceSet(sentences_path(store), preset.pretrain.held_out_fraction, held_out=True)
+    held_out = held_out.with_salient_spans(model.retriever.tokenizer, tokens, masks)  # what can be masked
     examples = worked_examples(model, held_out, store, index, k, tokens, masks, pool=EXAMPLE_POOL)
     return {
-        "held_out_sentences": len(held_out),
+        "held_out_sentences": len(held_out),  # with a maskable salient span
+        "held_out_sentences_tagged": held_out.tagged,
         "pool": EXAMPLE_POOL,
         "examples": [e.to_dict() for e in examples],
         "null_only": masked_span_accuracy(model, held_out, store, None, 1, tokens, masks, ACCURACY_LIMIT),

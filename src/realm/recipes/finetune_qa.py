@@ -29,12 +29,13 @@ from realm.eval.answerer import Answerer
 from realm.eval.qa import evaluate_qa
 from realm.index.mips import MipsIndex
 from realm.index.search import (
+    HYBRID_POOL,
     BM25Searcher,
     DenseSearcher,
     HybridSearcher,
     Searcher,
-    hybrid_candidates,
-    rank_hybrid,
+    hybrid_ranking,
+    hybrid_top,
 )
 from realm.models.orqa import QABatch, QAModel
 from realm.models.span_reader import matching_spans, reader_batch
@@ -64,8 +65,7 @@ def retrieve_beam(
     if sparse is None:
         _, ids = index.search(vectors, beam)
         return ids, np.zeros(ids.shape, dtype=np.float32)
-    ids, bm25 = hybrid_candidates(index, sparse, questions, vectors, beam)
-    _, ids, bm25 = rank_hybrid(index, vectors, ids, bm25, model.fusion_weight)
+    _, ids, bm25 = hybrid_ranking(index, sparse, questions, vectors, model.fusion_weight, beam)
     return ids, bm25
 
 
@@ -84,7 +84,10 @@ def make_qa_batch(
     vectors = model.retriever.query_vectors(query)
     ids, bm25 = retrieve_beam(model, questions, vectors, index, sparse, max(beam, k))  # (B, R), best first
     valid = ids >= 0
-    unique = np.unique(ids[valid])
+    top = ids[:, :k]  # the reader's blocks: what `ask` and `serve` retrieve (a hybrid beam of another depth
+    if sparse is not None and max(beam, k) != max(k, HYBRID_POOL):  # ranks another pool: rank the served one)
+        top = hybrid_top(index, sparse, questions, vectors, model.fusion_weight, k)[1]
+    unique = np.unique(np.concatenate([ids[valid], top[top >= 0]]))
     bodies = dict(zip(unique.tolist(), (b.body for b in store.take(unique.tolist()))))
     beam_answer = np.array(
         [
@@ -93,7 +96,6 @@ def make_qa_batch(
         ]
     )
     beam_vectors = torch.from_numpy(index.stored_vectors(np.where(valid, ids, index.block_ids[0])))  # (B, R, D)
-    top = ids[:, :k]
     if (top < 0).any():
         raise ValueError(f"the index holds fewer than k={k} blocks")
     blocks = [model.blocks([bodies[int(i)] for i in row], store.config.max_block_tokens) for row in top]
@@ -228,6 +230,7 @@ def train_qa(
                         k,
                         store.config.max_block_tokens,
                         dtype=dtype,
+                        selection=cfg.answer_selection,
                     ),
                     dev_part,
                     recall_ks=(),

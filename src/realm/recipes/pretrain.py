@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from realm.common.device import autocast, default_device, resolve_compute_dtype
+from realm.common.io import write_json_atomic
 from realm.config import Preset, PretrainConfig, record_run_config
 from realm.data.blocks import BlockStore
 from realm.data.sentences import SentenceSet, build_sentences, mask_sentence, sentences_path
@@ -29,7 +30,7 @@ from realm.index.mips import BUILDING, MipsIndex, current_version
 from realm.index.refresh import STOP_FILE, BuilderConfig, RefreshPolicy, save_snapshot, start_builder
 from realm.index.search import retrieve
 from realm.models.mlm_reader import Reader
-from realm.models.realm import RealmBatch, RealmModel, make_batch, pad_queries
+from realm.models.realm import RealmBatch, RealmModel, estimate_mask_center, make_batch, pad_queries
 from realm.models.retriever import Retriever
 from realm.training import (
     DataOrder,
@@ -48,6 +49,8 @@ from realm.training import (
 )
 
 log = logging.getLogger(__name__)
+
+SENTENCE_USAGE = "sentences.json"  # the masking scheme and how many training sentences it could use
 
 
 def make_pretrain_batch(
@@ -93,37 +96,22 @@ def make_pretrain_batch(
     return make_batch(queries, retrieved, store, tokenizer, store.config).to(device)
 
 
-CENTER_SAMPLE = 1024  # masked training queries whose mean is the first mask_center
-
-
-def estimate_mask_center(
-    retriever: Retriever, sentences: SentenceSet, cfg: PretrainConfig, query_max_tokens: int, device: torch.device
-) -> None:
-    """Set the query tower's mask_center to the mean uncentred embedding of CENTER_SAMPLE masked training
-    queries: the centre the first steps retrieve with (the trainer then tracks it)."""
-    tower, tokenizer = retriever.query_tower, retriever.tokenizer
-    tower.mask_center.zero_()
-    rng = np.random.default_rng(cfg.seed)
-    rows = rng.choice(len(sentences), min(CENTER_SAMPLE, len(sentences)), replace=False)
-    queries = [
-        mask_sentence(
-            sentences.texts[i], sentences.spans[i], cfg.masking, tokenizer, query_max_tokens, cfg.max_masks, rng
-        )
-        for i in rows
-    ]
-    vectors = []
-    for start in range(0, len(queries), 128):
-        query, *_ = pad_queries(queries[start : start + 128], tokenizer.pad_token_id)
-        vectors.append(retriever.query_vectors({k: v.to(device) for k, v in query.items()}))
-    tower.track_mask_center(torch.from_numpy(np.concatenate(vectors)).to(device), 1.0)
-
-
 def _mean_over_ranks(values: dict[str, float], d: Dist) -> dict[str, float]:
     if d.world_size == 1:
         return values
     tensor = torch.tensor(list(values.values()), dtype=torch.float64)
     dist.all_reduce(tensor)
     return dict(zip(values, (tensor / d.world_size).tolist()))
+
+
+def global_token_mean(loss: torch.Tensor, tokens: torch.Tensor, d: Dist) -> torch.Tensor:
+    """A rank's loss, the mean over its masked tokens, rescaled so that DDP's average over ranks is the mean over
+    every masked token of the global batch, as one process computes it (ranks hold different numbers of masks)."""
+    if d.world_size == 1:
+        return loss
+    total = tokens.detach().float().clone()
+    dist.all_reduce(total)
+    return loss * tokens.float() * d.world_size / total.clamp(min=1)
 
 
 def share_cores(index_dir: Path, threads: int) -> None:
@@ -168,12 +156,18 @@ def train_pretrain(
         build_sentences(store, progress)  # tag once, cached beside the corpus
     if d.world_size > 1:
         dist.barrier()
-    sentences = SentenceSet(sentences_path(store), cfg.held_out_fraction, held_out=False)
-    order = DataOrder(len(sentences), cfg.seed)
-
     model = RealmModel(
         Retriever.load(retriever_spec, preset.retriever), Reader.load(reader_spec, preset.retriever.shape)
     )
+    sentences = SentenceSet(sentences_path(store), cfg.held_out_fraction, held_out=False).for_masking(
+        cfg.masking, model.retriever.tokenizer, preset.retriever.query_max_tokens, cfg.max_masks
+    )
+    usage = {"masking": cfg.masking, **sentences.usage()}
+    log.info("pretraining on %d of %d sentences (%s masking)", usage["used"], usage["sentences"], cfg.masking)
+    if d.main:
+        write_json_atomic(out / SENTENCE_USAGE, usage)
+    order = DataOrder(len(sentences), cfg.seed)
+
     model.to(device).train()
     if cfg.doc_tower == "fixed":  # no gradient, no dropout: f(x, z) scores blocks as the index stores them
         model.retriever.doc_tower.requires_grad_(False).eval()
@@ -280,6 +274,7 @@ def train_pretrain(
             )
             with autocast(dtype, device):
                 loss, stats = trained(batch)
+            loss = global_token_mean(loss, batch.mask_valid.sum(), d)
             loss.backward()
             optimizer_step(model, optimizer, scheduler)
             if cfg.mask_center_momentum > 0:
