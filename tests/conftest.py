@@ -4,6 +4,8 @@ random QA model with its index, and the HTTP service over it."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import itertools
 import json
 import socket
 import subprocess
@@ -142,9 +144,8 @@ def build_tiny_index(store, retriever, index_dir: Path, replace_model: bool = Fa
     )
 
 
-@pytest.fixture
-def tiny_qa(tmp_path: Path, tiny_corpus, tokenizer) -> tuple[Path, Path]:
-    """A tiny random QA model saved to disk and the index its document tower built: (model dir, index dir)."""
+def save_tiny_qa(store, tokenizer, folder: Path) -> tuple[Path, Path]:
+    """A tiny random QA model saved to folder/model and the index its document tower built over `store`."""
     from realm.index.build import build_from_retriever
     from realm.models.bert import random_bert
     from realm.models.orqa import QAModel
@@ -152,12 +153,31 @@ def tiny_qa(tmp_path: Path, tiny_corpus, tokenizer) -> tuple[Path, Path]:
     from realm.models.span_reader import SpanReader
 
     retriever = Retriever.load("random", TINY_QA_PRESET.retriever)
-    build_from_retriever(retriever, tiny_corpus, tmp_path / "index", TINY_EMBED, IndexConfig(), 0, 0.0)
+    build_from_retriever(retriever, store, folder / "index", TINY_EMBED, IndexConfig(), 0, 0.0)
     reader = SpanReader(
         random_bert(NO_DROPOUT, len(tokenizer), 7), tokenizer, TINY_QA.span_hidden, TINY_QA.max_span_width
     )
-    QAModel(retriever, reader).save(tmp_path / "model")
-    return tmp_path / "model", tmp_path / "index"
+    QAModel(retriever, reader).save(folder / "model")
+    return folder / "model", folder / "index"
+
+
+@pytest.fixture
+def tiny_qa(tmp_path: Path, tiny_corpus, tokenizer) -> tuple[Path, Path]:
+    """A tiny random QA model saved to disk and the index its document tower built: (model dir, index dir)."""
+    return save_tiny_qa(tiny_corpus, tokenizer, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def squad_slice(tmp_path_factory, tokenizer):
+    """The first 40 SQuAD dev paragraphs in tiny blocks (158): enough blocks that the dense and BM25 top lists of a
+    question part ways."""
+    from realm.data.blocks import BlockStore, build_corpus
+
+    folder = tmp_path_factory.mktemp("squad_slice")
+    with gzip.open(SHARED_DATA / "corpus" / "squad_dev_paragraphs.jsonl.gz", "rt") as handle:
+        (folder / "docs.jsonl").write_text("".join(itertools.islice(handle, 40)))
+    build_corpus([str(folder / "docs.jsonl")], folder / "corpus", tokenizer, TINY_CORPUS, progress=False)
+    return BlockStore(folder / "corpus")
 
 
 @pytest.fixture
