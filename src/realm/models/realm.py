@@ -179,9 +179,8 @@ class RealmModel(nn.Module):
     def null_embedding(self) -> torch.Tensor:
         """(1, D) Embed_doc(null): the document tower over an empty block, [CLS] [SEP] [SEP]."""
         tokenizer = self.retriever.tokenizer
-        ids = torch.tensor([[tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.sep_token_id]])
+        inputs = pad_batch(*encode_blocks(tokenizer, [""], [""], CorpusConfig()), tokenizer.pad_token_id)
         device = next(self.retriever.doc_tower.parameters()).device
-        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.tensor([[0, 0, 1]])}
         return self.retriever.doc_tower(**{k: v.to(device) for k, v in inputs.items()})
 
     def forward(self, batch: RealmBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
