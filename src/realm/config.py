@@ -30,10 +30,8 @@ Backend = Literal["flat", "hnsw", "ivfpq"]
 
 @dataclass(frozen=True)
 class CorpusConfig:
-    # Block budget counts [CLS] title [SEP] body [SEP] (paper: 288 wordpieces).
-    max_block_tokens: int = 288
-    # A title longer than this share of the budget is cut so a body always fits.
-    max_title_tokens: int = 32
+    max_block_tokens: int = 288  # counts [CLS] title [SEP] body [SEP] (paper: 288 wordpieces)
+    max_title_tokens: int = 32  # a longer title is cut, so a body always fits
 
 
 @dataclass(frozen=True)
@@ -179,11 +177,12 @@ class QAConfig:
 
 @dataclass(frozen=True)
 class StageCosts:
-    """What a unit of work costs on the machine a preset is sized for, so `realm pipeline --budget-minutes`
-    can scale step counts to fit. cpu: measured on the 2-core development machine (docs/benchmarks.md)."""
+    """What a unit of work costs, so `realm pipeline --budget-minutes` can scale step counts to fit: measured on the
+    machine before planning (pipeline/calibrate.py); these constants (the 2-core development machine, at 62bcf5a,
+    rounded up: docs/benchmarks.md) only where that cannot run."""
 
+    source: str = "the preset's constants"  # or what measured them
     fixed_seconds: float = 240.0  # process starts, model loads, corpus build, worked examples, report
-    # re-measured from the 120-minute pipeline of docs/results.md (at 62bcf5a, alone on the cores), rounded up
     embed_blocks_per_second: float = 105.0  # one index build, the process start included
     tag_blocks_per_second: float = 60.0  # spaCy sentence and entity tagging for salient spans
     ict_step: float = 1.9
@@ -199,6 +198,7 @@ class StageCosts:
 # The same 2-core EPYC class with AVX2 only (every stage in fp32), measured there (docs/benchmarks.md, "Stage costs
 # without bf16"), rounded up; the frozen-index step not measured: the bf16 frozen/refreshing ratio applied.
 FP32_CPU_COSTS = StageCosts(
+    source="the preset's fp32 constants (no bf16 matmul here)",
     embed_blocks_per_second=45.0,
     ict_step=2.5,
     pretrain_step=7.8,

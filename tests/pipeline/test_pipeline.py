@@ -71,7 +71,7 @@ def test_pretraining_is_costed_by_the_kind_of_step():
 def test_a_machine_without_bf16_matmul_plans_with_fp32_costs(tmp_path, monkeypatch):
     import torch
 
-    import realm.pipeline.run as pipeline_run
+    import realm.pipeline.plan as pipeline_plan
 
     cpu = get_preset("cpu")
     assert costed_for(cpu, torch.bfloat16) is cpu
@@ -85,12 +85,15 @@ def test_a_machine_without_bf16_matmul_plans_with_fp32_costs(tmp_path, monkeypat
     work = Workload(blocks=12_000, qa_train=9_000, qa_dev=1_500)
     plans = {}
     for dtype in (torch.bfloat16, torch.float32):
-        monkeypatch.setattr(pipeline_run, "resolve_compute_dtype", lambda name, device, dtype=dtype: dtype)
+        monkeypatch.setattr(pipeline_plan, "resolve_compute_dtype", lambda name, device, dtype=dtype: dtype)
         options = PipelineOptions(run_dir=tmp_path / str(dtype), budget_minutes=120, progress=False)
         plans[dtype] = Pipeline(options, cpu).make_plan(work)
         assert json.loads((options.run_dir / "plan.json").read_text())["compute_dtype"] == str(dtype)[len("torch.") :]
     assert plans[torch.float32].scale < plans[torch.bfloat16].scale  # fewer steps fill the same two hours
-    with pytest.raises(ValueError, match="embedding, tagging and evaluation alone .* cpu preset in fp32"):
+    with pytest.raises(
+        ValueError,
+        match="embedding, tagging and evaluation alone .* cpu preset, costed with the preset's fp32 constants",
+    ):
         plan_pipeline(costed_for(cpu, torch.float32), work, 25)  # 2 index builds at 45 blocks/s, evaluation: gone
     for plan in plans.values():
         assert plan.estimated_minutes == pytest.approx(120, rel=0.01)
@@ -327,3 +330,66 @@ def test_curves_are_smoothed_with_a_debiased_moving_average(tmp_path):
     assert ema([0.0] * 20 + [1.0] * 100)[-1] == pytest.approx(1.0, abs=1e-3)  # it follows a change
     rows = [{"step": i, "loss": 5.0 - i / 50 + (i % 3), "dev_em": 10.0} for i in range(1, 60)]
     assert plot_curves("qa", rows, tmp_path / "qa.png").stat().st_size > 1000
+
+
+def test_a_budget_is_planned_from_costs_measured_here_and_a_rerun_keeps_its_plan(tiny_run, monkeypatch):
+    preset = dataclasses.replace(TINY_PIPELINE, costs=StageCosts(fixed_seconds=0.0))
+    options = dataclasses.replace(tiny_run, ablations=False, budget_minutes=3)
+    said: list[str] = []
+    pipeline = Pipeline(options, preset, said.append)
+    corpus, warm = pipeline.corpus(), pipeline.warm_start()
+    calibration = pipeline.calibration(corpus, warm)
+    assert calibration is not None
+    measured = calibration["measured"]
+    kinds = ("ict_step", "null_pretrain_step", "retrieval_pretrain_step", "qa_step", "qa_question")
+    assert all(0 < measured[k] < 5 for k in kinds), measured  # seconds, from the trainers' own step logs
+    assert measured["tag_blocks_per_second"] > 0 and measured["embed_blocks_per_second"] > 0
+    work = Workload(corpus.result["blocks"], len(QUESTIONS), len(QUESTIONS))
+    plan = pipeline.make_plan(work, calibration)
+    stages = {s.name: s for s in plan.stages}
+    assert stages["ict"].step_seconds == measured["ict_step"]
+    assert stages["qa"].step_seconds == measured["qa_step"]
+    # the query tower alone is what the fixed document tower's retrieval steps run
+    null = plan.preset.pretrain.null_warmup_steps
+    expected = (
+        null * measured["null_pretrain_step"]
+        + (plan.preset.pretrain.steps - null) * measured["retrieval_pretrain_step"]
+    )
+    assert stages["realm"].steps * stages["realm"].step_seconds == pytest.approx(expected, rel=1e-6)
+    assert stages["baseline_index"].fixed_seconds == pytest.approx(work.blocks / measured["embed_blocks_per_second"])
+    spent = sum(
+        json.loads((tiny_run.run_dir / STAGES / f"{s}.json").read_text())["seconds"]
+        for s in ("corpus", "warm_start", "calibration")
+    )
+    assert plan.spent_seconds == pytest.approx(spent)  # what calibrating took counts against the budget
+    assert plan.estimated_minutes == pytest.approx(3, rel=0.02) and plan.scale > 1
+    recorded = json.loads((options.run_dir / "plan.json").read_text())
+    assert recorded["calibration"] == measured and recorded["costs"]["ict_step"] == measured["ict_step"]
+    assert "measured on this machine" in recorded["costs"]["source"]
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("stopped after planning")
+
+    monkeypatch.setattr(Pipeline, "ict", stop)
+    said.clear()
+    with pytest.raises(RuntimeError, match="stopped after planning"):
+        Pipeline(options, preset, said.append).run()  # the same command again: nothing measured, the same plan
+    assert "[pipeline] calibration: up to date" in " ".join(said)
+    assert json.loads((options.run_dir / "plan.json").read_text())["scale"] == plan.scale
+    assert any("measured on this machine" in line and "x" in line for line in said if "plan:" in line)
+
+
+def test_a_pretraining_step_not_measured_keeps_its_ratio_to_the_measured_kind():
+    from realm.pipeline.calibrate import measured_costs
+
+    cpu = get_preset("cpu")  # a fixed document tower: calibration times the query tower's retrieval step
+    measured = {"ict_step": 0.5, "retrieval_pretrain_step": 2 * cpu.costs.query_tower_pretrain_step, "blocks": 384}
+    costs = measured_costs(cpu, measured, "bfloat16")
+    assert costs.ict_step == 0.5 and costs.query_tower_pretrain_step == measured["retrieval_pretrain_step"]
+    assert costs.pretrain_step == pytest.approx(2 * cpu.costs.pretrain_step)  # beside the builder: the same ratio
+    assert costs.frozen_pretrain_step == pytest.approx(2 * cpu.costs.frozen_pretrain_step)
+    assert costs.qa_step == cpu.costs.qa_step and costs.source == "the costs measured on this machine in bfloat16"
+    trained = dataclasses.replace(cpu, pretrain=dataclasses.replace(cpu.pretrain, doc_tower="trained"))
+    costs = measured_costs(trained, {"retrieval_pretrain_step": cpu.costs.frozen_pretrain_step / 2}, "float32")
+    assert costs.frozen_pretrain_step == cpu.costs.frozen_pretrain_step / 2
+    assert costs.pretrain_step == pytest.approx(cpu.costs.pretrain_step / 2)

@@ -20,6 +20,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     preset = get_preset(args.preset)
     if args.retriever:
         preset = dataclasses.replace(preset, qa=dataclasses.replace(preset.qa, retriever=args.retriever))
+    if args.dtype:  # every trainer, embedder and evaluator computes in it; the calibration measures in it
+        preset = dataclasses.replace(preset, embed=dataclasses.replace(preset.embed, compute_dtype=args.dtype))
     budget = None if args.budget_minutes == 0 else (args.budget_minutes or preset.pipeline_budget_minutes)
     options = PipelineOptions(
         inputs=tuple(args.inputs),
@@ -58,7 +60,11 @@ def add_commands(commands) -> None:
     pipeline.add_argument(
         "--budget-minutes",
         type=float,
-        help="scale training steps so the run fits (default: the preset's, cpu 45; 0: no scaling)",
+        help="scale training steps so the run fits, from costs measured here first (default: the preset's, cpu 45; "
+        "0: no scaling)",
+    )
+    pipeline.add_argument(
+        "--dtype", choices=["auto", "bf16", "fp32"], help="compute dtype of every stage (auto: bf16 where supported)"
     )
     common(pipeline)
     pipeline.set_defaults(run=cmd_pipeline)

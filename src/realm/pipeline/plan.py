@@ -1,21 +1,26 @@
 """How long each pipeline stage may run: one scale for every training stage, so the whole run fits a budget.
 
-The cost of a stage is estimated from the preset's `StageCosts` (measured on the machine the preset is
-sized for; its `fp32_costs` where the trainers will compute in fp32, on a CPU without bf16 matmul).
-Embedding, tagging and evaluation are fixed costs; the training steps of ICT, REALM pretraining and QA
-fine-tuning share what is left, all cut (or stretched) by the same factor, so the
-relative lengths of the stages stay those of the preset. Schedules that count steps (warmup, the
-retriever freeze, the refresh interval, checkpoints) scale with them.
+The cost of a stage is estimated from `StageCosts`: measured on this machine, on the run's own data, just before
+planning (pipeline/calibrate.py), or where that cannot run the preset's constants (its `fp32_costs` where the
+trainers compute in fp32, on a CPU without bf16 matmul). What the run spent before planning (corpus, warm start,
+calibration), embedding, tagging and evaluation are fixed costs; the training steps of ICT, REALM pretraining and QA
+fine-tuning share what is left, all cut (or stretched) by the same factor, so the relative lengths of the stages stay
+those of the preset. Schedules that count steps (warmup, the retriever freeze, the refresh interval, checkpoints)
+scale with them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from realm.common.device import default_device, resolve_compute_dtype
+from realm.common.io import write_json_atomic
 from realm.config import Preset, PretrainConfig, StageCosts
 from realm.data.sources import VITAL_ARTICLES
 from realm.pipeline.ablations import ablation_variants
@@ -54,18 +59,21 @@ class StageEstimate:
 class PipelinePlan:
     budget_minutes: float | None
     scale: float  # training steps relative to the preset
-    preset: Preset  # the preset with its step counts scaled
+    preset: Preset  # the preset with its step counts scaled, and the stage costs it was sized with
     stages: tuple[StageEstimate, ...]
+    spent_seconds: float = 0.0  # before planning: the corpus, the warm start, the calibration
 
     @property
     def estimated_minutes(self) -> float:
-        return (self.preset.costs.fixed_seconds + sum(s.seconds for s in self.stages)) / 60
+        return (self.spent_seconds + self.preset.costs.fixed_seconds + sum(s.seconds for s in self.stages)) / 60
 
     def to_dict(self) -> dict:
         return {
             "budget_minutes": self.budget_minutes,
             "scale": self.scale,
             "estimated_minutes": self.estimated_minutes,
+            "spent_seconds": self.spent_seconds,
+            "costs": dataclasses.asdict(self.preset.costs),
             "stages": [{**dataclasses.asdict(s), "seconds": s.seconds} for s in self.stages],
         }
 
@@ -122,11 +130,19 @@ def costed_for(preset: Preset, dtype: torch.dtype) -> Preset:
     return preset
 
 
+def qa_scoring_seconds(preset: Preset, work: Workload, steps: int) -> float:
+    """Fine-tuning scores the dev questions (up to `dev_limit`) after each epoch and at its last step."""
+    per_epoch = math.ceil(work.qa_train / preset.qa.batch_size)
+    questions = min(work.qa_dev, preset.qa.dev_limit or work.qa_dev)
+    return math.ceil(steps / per_epoch) * questions * preset.costs.qa_question
+
+
 def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     """Per-stage estimates for `preset` as it stands."""
     c = preset.costs
     embed = work.blocks / c.embed_blocks_per_second
     qa_steps = preset.qa.total_steps(work.qa_train) if work.qa_train else 0
+    scoring = qa_scoring_seconds(preset, work, qa_steps) if work.qa_train else 0.0
     pretrain_steps = preset.pretrain.steps
     stages = [
         StageEstimate("ict", preset.ict.steps, c.ict_step, 0.0),
@@ -148,32 +164,37 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
             StageEstimate("realm_index", 0, 0.0, reembed),
         ]
         stages += [
-            StageEstimate("qa", qa_steps, c.qa_step, 0.0),
+            StageEstimate("qa", qa_steps, c.qa_step, scoring),
             StageEstimate("eval", 0, 0.0, 3 * work.qa_dev * c.qa_question),
         ]
     if work.ablations:
-        stages += [StageEstimate("qa_ict", qa_steps, c.qa_step, work.qa_dev * c.qa_question)]
+        stages += [StageEstimate("qa_ict", qa_steps, c.qa_step, scoring + work.qa_dev * c.qa_question)]
         for variant, changes in ablation_variants(preset.pretrain).items():
             varied = dataclasses.replace(preset.pretrain, **changes)
             stages += [
                 StageEstimate(f"realm_{variant}", pretrain_steps, pretrain_step_seconds(varied, c), 0.0),
                 StageEstimate(f"realm_{variant}_index", 0, 0.0, 0.0 if varied.doc_tower == "fixed" else embed),
-                StageEstimate(f"qa_{variant}", qa_steps, c.qa_step, work.qa_dev * c.qa_question),
+                StageEstimate(f"qa_{variant}", qa_steps, c.qa_step, scoring + work.qa_dev * c.qa_question),
             ]
     return stages
 
 
 def plan_pipeline(
-    preset: Preset, work: Workload, budget_minutes: float | None, scale: float | None = None
+    preset: Preset,
+    work: Workload,
+    budget_minutes: float | None,
+    scale: float | None = None,
+    spent_seconds: float = 0.0,
 ) -> PipelinePlan:
-    """Scale the preset's step counts so the estimated run fits `budget_minutes` (None: keep them).
-    `scale`: the one an earlier plan of this run chose, kept so its finished stages stay valid."""
+    """Scale the preset's step counts so the estimated run fits `budget_minutes` (None: keep them), of which
+    `spent_seconds` are gone. `scale`: the one an earlier plan of this run chose, kept so its finished stages stay
+    valid."""
     stages = estimate(preset, work)
     if budget_minutes is None:
-        return PipelinePlan(None, 1.0, preset, tuple(stages))
-    chosen = _scale_to_fit(preset, stages, budget_minutes) if scale is None else scale
+        return PipelinePlan(None, 1.0, preset, tuple(stages), spent_seconds)
+    chosen = _scale_to_fit(preset, work, stages, budget_minutes, spent_seconds) if scale is None else scale
     scaled = scale_preset(preset, chosen, work.qa_train)
-    plan = PipelinePlan(budget_minutes, chosen, scaled, tuple(estimate(scaled, work)))
+    plan = PipelinePlan(budget_minutes, chosen, scaled, tuple(estimate(scaled, work)), spent_seconds)
     if scale is None and plan.estimated_minutes > budget_minutes * BUDGET_SLACK:  # the minimum step counts do not fit
         raise ValueError(
             f"a budget of {budget_minutes:g} min is too small: even {MIN_TRAINING_STEPS} steps per "
@@ -182,19 +203,40 @@ def plan_pipeline(
     return plan
 
 
-def costed_in_fp32(preset: Preset) -> bool:
-    """Whether `costed_for` gave the preset its fp32 stage costs."""
-    return preset.fp32_costs is not None and preset.costs == preset.fp32_costs
+def plan_run(
+    options: PipelineOptions, preset: Preset, work: Workload, calibration: dict | None, spent_seconds: float
+) -> PipelinePlan:
+    """Planned once per run directory: a re-run for the same budget, preset and workload keeps the scale in
+    plan.json, so stage costs measured anew cannot change step counts and so re-run finished stages. A new plan is
+    costed with the `calibration`'s measured costs (pipeline/calibrate.py), else the constants of the precision this
+    machine trains in; `spent_seconds` (the corpus, the warm start, the calibration) count against the budget."""
+    basis = {"budget_minutes": options.budget_minutes, "preset": preset.name, "workload": dataclasses.asdict(work)}
+    path = Path(options.run_dir) / "plan.json"
+    stored = json.loads(path.read_text()) if path.is_file() else {}
+    dtype = resolve_compute_dtype(preset.embed.compute_dtype, default_device())
+    costed = costed_for(preset, dtype)
+    if calibration is not None:
+        costed = dataclasses.replace(costed, costs=StageCosts(**calibration["costs"]))
+    kept = stored["scale"] if stored.get("basis") == basis else None
+    plan = plan_pipeline(costed, work, options.budget_minutes, kept, spent_seconds)
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()}
+    record = {"basis": basis, **plan.to_dict(), "compute_dtype": str(dtype).removeprefix("torch.")}
+    record["calibration"] = calibration["measured"] if calibration else None
+    write_json_atomic(path, {**record, "preset": plan.preset.to_dict(), "options": settings})
+    return plan
 
 
 def _costed(preset: Preset) -> str:
     """Which costs an estimate used, for the messages that refuse a budget."""
-    return f"{preset.name} preset" + (" in fp32 (this machine has no bf16 matmul)" if costed_in_fp32(preset) else "")
+    return f"{preset.name} preset, costed with {preset.costs.source}"
 
 
-def _scale_to_fit(preset: Preset, stages: list[StageEstimate], budget_minutes: float) -> float:
-    """The factor on every trainer's steps that fills what the fixed costs leave of the budget."""
-    fixed = preset.costs.fixed_seconds + sum(s.fixed_seconds for s in stages)
+def _scale_to_fit(
+    preset: Preset, work: Workload, stages: list[StageEstimate], budget_minutes: float, spent_seconds: float
+) -> float:
+    """The largest factor on every trainer's steps whose plan fits what the fixed costs leave of the budget (some
+    grow with the steps: fine-tuning scores the dev questions once an epoch)."""
+    fixed = spent_seconds + preset.costs.fixed_seconds + sum(s.fixed_seconds for s in stages)
     training = sum(s.steps * s.step_seconds for s in stages)
     left = budget_minutes * 60 - fixed
     if left <= 0 or training <= 0:
@@ -202,7 +244,18 @@ def _scale_to_fit(preset: Preset, stages: list[StageEstimate], budget_minutes: f
             f"a budget of {budget_minutes:g} min is too small: embedding, tagging and evaluation "
             f"alone take about {fixed / 60:.0f} min on the {_costed(preset)}"
         )
-    return left / training
+
+    def minutes(scale: float) -> float:
+        scaled = scale_preset(preset, scale, work.qa_train)
+        return PipelinePlan(
+            budget_minutes, scale, scaled, tuple(estimate(scaled, work)), spent_seconds
+        ).estimated_minutes
+
+    fits, too_long = 0.0, 2 * left / training  # twice the steps that fill what is left: over the budget
+    for _ in range(40):
+        middle = (fits + too_long) / 2
+        fits, too_long = (middle, too_long) if minutes(middle) <= budget_minutes else (fits, middle)
+    return fits
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,15 @@
 """`realm pipeline`: every stage from a corpus to a report, each skipped when its output already matches.
 
-    corpus -> warm start -> ICT -> REALM pretraining (first index, asynchronous refresher)
-           -> [QA: off-the-shelf and ICT indexes -> fine-tuning -> evaluation (dense, BM25, zero-shot recall)]
-           -> worked examples
+    corpus -> warm start -> [budget: calibration, then the plan] -> ICT -> REALM pretraining (first index,
+           asynchronous refresher) -> [QA: off-the-shelf and ICT indexes -> fine-tuning -> evaluation (dense,
+           BM25, zero-shot recall)] -> worked examples
            -> [ablations: ICT-only retriever, uniform masking, document tower trained (if the recipe fixes it),
                frozen index; each fine-tuned and evaluated]
     and the report, rewritten after every stage.
 
-Each stage writes into `<run>/<stage>/` and finishes by writing `<run>/stages/<stage>.json` (its
-fingerprint, duration and results) atomically. The fingerprint covers the stage's settings, the content
-of its input files and the fingerprints of the stages it reads, so a re-run skips what matches, resumes
-a stage that was interrupted (trainers continue from their newest checkpoint), and moves aside (never
-deletes) a stage folder whose settings changed. The step counts are planned once per run (plan.json).
+Each stage writes into `<run>/<stage>/` and finishes by writing `<run>/stages/<stage>.json` (its fingerprint,
+duration and results) atomically; the fingerprint covers the stage's settings, the content of its input files and
+the fingerprints of the stages it reads (pipeline/stages.py). The step counts are planned once per run (plan.json).
 """
 
 from __future__ import annotations
@@ -23,26 +21,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from realm.common.device import default_device, resolve_compute_dtype
-from realm.common.io import write_json_atomic
 from realm.config import MINILM, Preset
 from realm.data.qa_examples import QAExample, load_qa
 from realm.pipeline import work as stage_work
 from realm.pipeline.ablations import ablation_variants
-from realm.pipeline.plan import (
-    PipelineOptions,
-    PipelinePlan,
-    Workload,
-    costed_for,
-    costed_in_fp32,
-    plan_pipeline,
-)
-from realm.pipeline.stages import (
-    StageRecord,
-    Stages,
-    describe_input,
-    last_metrics,
-)
+from realm.pipeline.plan import PipelineOptions, PipelinePlan, Workload, plan_run
+from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metrics
 
 log = logging.getLogger(__name__)
 
@@ -240,38 +224,48 @@ class Pipeline:
             self.run_dir, self.stages.records, self.plan, time.time() - self.began, self.options.command, complete
         )
 
-    def make_plan(self, work: Workload) -> PipelinePlan:
-        """Planned once per run directory: a re-run for the same budget, preset and workload keeps the scale
-        in plan.json, so stage costs measured anew (a newer version, or another machine) cannot change step
-        counts and so re-run finished stages. A new plan is costed for the precision this machine trains in."""
-        basis = {
-            "budget_minutes": self.options.budget_minutes,
-            "preset": self.base_preset.name,
-            "workload": dataclasses.asdict(work),
-        }
-        path = self.run_dir / "plan.json"
-        stored = json.loads(path.read_text()) if path.is_file() else {}
-        dtype = resolve_compute_dtype(self.base_preset.embed.compute_dtype, default_device())
-        plan = plan_pipeline(
-            costed_for(self.base_preset, dtype),
-            work,
-            self.options.budget_minutes,
-            stored["scale"] if stored.get("basis") == basis else None,
+    def calibration(self, corpus: StageRecord, warm: StageRecord) -> dict | None:
+        """This machine's stage costs, measured on a sample of the run's data (None: too little data to measure)."""
+        from realm.pipeline.calibrate import calibrate, calibration_settings
+
+        preset = self.base_preset
+
+        def work(folder: Path, resume: bool) -> dict:
+            try:
+                return calibrate(
+                    self.run_dir / "corpus", self.run_dir / "warm_start", folder, preset, self.qa_train, self.qa_dev
+                )
+            except ValueError as err:  # e.g. fewer blocks than an ICT batch: the preset's constants will do
+                return {"fallback": str(err)}
+
+        data = [describe_input(str(p)) for p in (self.options.qa_train, self.options.qa_dev) if p]
+        settings = {"after": [corpus.fingerprint, warm.fingerprint], "qa": data, **calibration_settings(preset)}
+        result = self.stages.run("calibration", settings, work).result
+        if "fallback" in result:
+            self.echo(
+                f"[pipeline] calibration: not possible ({result['fallback']}); planning with {preset.costs.source}"
+            )
+            return None
+        return result
+
+    def make_plan(self, work: Workload, calibration: dict | None = None) -> PipelinePlan:
+        """The run's plan (plan.json), counting what the corpus, the warm start and the calibration took."""
+        spent = (
+            r.seconds for name, r in self.stages.records.items() if name in ("corpus", "warm_start", "calibration")
         )
-        options = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self.options).items()}
-        record = {"basis": basis, **plan.to_dict(), "compute_dtype": str(dtype).removeprefix("torch.")}
-        write_json_atomic(path, {**record, "preset": plan.preset.to_dict(), "options": options})
-        return plan
+        return plan_run(self.options, self.base_preset, work, calibration, sum(spent))
 
     def run(self) -> Path:
         corpus = self.corpus()
+        warm = self.warm_start()
+        calibration = self.calibration(corpus, warm) if self.options.budget_minutes else None
         self.plan = self.make_plan(
-            Workload(corpus.result["blocks"], len(self.qa_train), len(self.qa_dev), self.options.ablations)
+            Workload(corpus.result["blocks"], len(self.qa_train), len(self.qa_dev), self.options.ablations),
+            calibration,
         )
         preset = self.plan.preset
         self.echo(
-            f"[pipeline] plan: {self.plan.estimated_minutes:.0f} min estimated"
-            + (" at fp32 stage costs (no bf16 matmul here)" if costed_in_fp32(self.plan.preset) else "")
+            f"[pipeline] plan: {self.plan.estimated_minutes:.0f} min estimated with {preset.costs.source}"
             + (
                 f" for a budget of {self.plan.budget_minutes:g} min (training steps x{self.plan.scale:.2f})"
                 if self.plan.budget_minutes
@@ -280,7 +274,6 @@ class Pipeline:
             + f"; ICT {preset.ict.steps} steps, REALM {preset.pretrain.steps} steps"
             + (f", QA {preset.qa.steps} steps" if self.qa_train else "")
         )
-        warm = self.warm_start()
         ict = self.ict(preset, warm, corpus)
         realm = self.pretrain("realm", preset, ict, warm)
         if self.qa_train:

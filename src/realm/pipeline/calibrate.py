@@ -1,0 +1,191 @@
+"""Measure this machine before planning: a few timed steps of each trainer and timed slices of tagging, embedding
+and evaluation, run by the recipes themselves on a sample of the run's own corpus and questions, in the precision
+the run trains in. The plan (pipeline/plan.py) sizes every stage from these figures; the preset's `StageCosts`
+constants stay only the fallback where the run's data is too small to calibrate on.
+
+A trainer's step time is read from its metrics log (one row a step, each with its wall time): the mean over
+`TIMED_STEPS` steps after `UNTIMED_STEPS` (allocation, kernel selection). The last QA step also scores the dev
+sample and saves the best model, so it is not timed either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from realm.common.io import write_json_atomic
+from realm.config import Preset, StageCosts
+from realm.data.blocks import META, BlockStore, Fingerprint, write_blocks
+from realm.data.qa_examples import QAExample
+from realm.training import read_metrics
+
+log = logging.getLogger(__name__)
+
+SAMPLE_BLOCKS = 384  # corpus blocks the trainers, the tagger and the embedder run on
+SAMPLE_QUESTIONS = 32  # dev questions scored to cost evaluation
+UNTIMED_STEPS = 2
+TIMED_STEPS = 6
+NEVER = 10**9  # no checkpoint inside the timed steps
+
+
+def calibration_settings(preset: Preset) -> dict:
+    """What the measurements depend on (the calibration stage's settings): the preset but its constant costs, the
+    precision it computes in here, and the sample."""
+    from realm.common.device import default_device, resolve_compute_dtype
+
+    return {
+        "preset": {k: v for k, v in preset.to_dict().items() if k not in ("costs", "fp32_costs")},
+        "dtype": str(resolve_compute_dtype(preset.embed.compute_dtype, default_device())),
+        "sample": [SAMPLE_BLOCKS, SAMPLE_QUESTIONS, UNTIMED_STEPS, TIMED_STEPS],
+    }
+
+
+def sample_corpus(store: BlockStore, folder: Path, blocks: int, seed: int = 0) -> BlockStore:
+    """A corpus folder of `blocks` blocks drawn evenly at random from `store` (so lengths are typical), in order."""
+    ids = np.sort(np.random.default_rng(seed).choice(len(store), size=min(blocks, len(store)), replace=False))
+    chosen = store.take(ids.tolist())
+    fingerprint = Fingerprint(store.config, store.meta.tokenizer_fingerprint)
+    for block in chosen:
+        fingerprint.update(block)
+    digest = fingerprint.hexdigest()
+    folder.mkdir(parents=True, exist_ok=True)
+    write_blocks(folder / f"blocks-{digest}.arrow", chosen)
+    meta = dataclasses.replace(
+        store.meta,
+        fingerprint=digest,
+        blocks_file=f"blocks-{digest}.arrow",
+        num_blocks=len(chosen),
+        num_documents=len({b.doc_id for b in chosen}),
+    )
+    write_json_atomic(folder / META, asdict(meta))
+    return BlockStore(folder)
+
+
+def step_seconds(trainer: Path, first: int, last: int) -> float:
+    """Mean seconds of the steps first+1 .. last of a trainer that logged every step."""
+    times = {row["step"]: row["time"] for row in read_metrics(trainer)}
+    return (times[last] - times[first]) / (last - first)
+
+
+def _timed(work) -> float:
+    began = time.perf_counter()
+    work()
+    return time.perf_counter() - began
+
+
+def calibrate(
+    corpus: Path,
+    warm_start: Path,
+    folder: Path,
+    preset: Preset,
+    qa_train: Sequence[QAExample],
+    qa_dev: Sequence[QAExample],
+) -> dict:
+    """The preset's stage costs as measured here (`costs`, a StageCosts dict) and the raw figures (`measured`).
+    Raises ValueError where the data is too small for a trainer's batch."""
+    from realm.data.sentences import build_sentences, tag_salient_spans
+    from realm.eval.answerer import load_answerer
+    from realm.eval.qa import evaluate_qa
+    from realm.index.build import build_from_retriever
+    from realm.models.retriever import Retriever
+    from realm.recipes.finetune_qa import BEST, train_qa
+    from realm.recipes.ict import train_ict
+    from realm.recipes.pretrain import train_pretrain
+
+    for entry in folder.iterdir():  # an interrupted calibration starts over: it is short
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    store = sample_corpus(BlockStore(corpus), folder / "corpus", SAMPLE_BLOCKS)
+    steps = UNTIMED_STEPS + TIMED_STEPS
+    measured: dict[str, float] = {"blocks": len(store)}
+
+    ict = dataclasses.replace(preset.ict, steps=steps, warmup_steps=1, checkpoint_every=NEVER, log_every=1)
+    train_ict(
+        store.folder,
+        folder / "ict",
+        str(warm_start / "retriever"),
+        dataclasses.replace(preset, ict=ict),
+        progress=False,
+    )
+    measured["ict_step"] = step_seconds(folder / "ict", UNTIMED_STEPS, steps)
+
+    tag_salient_spans([], progress=False)  # the tagger's import, outside the timing
+    measured["tag_blocks_per_second"] = len(store) / _timed(lambda: build_sentences(store, progress=False))
+    retriever = Retriever.load(str(warm_start / "retriever"), preset.retriever)
+    index = folder / "realm" / "index"
+    embedding = _timed(
+        lambda: build_from_retriever(retriever, store, index, preset.embed, preset.index, 0, time.time())
+    )
+    measured["embed_blocks_per_second"] = len(store) / embedding
+    retrieval = preset.pretrain.num_candidates > 1
+    pretrain = dataclasses.replace(
+        preset.pretrain,
+        steps=2 * steps if retrieval else steps,
+        null_warmup_steps=steps if retrieval else 0,
+        retriever_frozen_steps=steps if retrieval else 0,
+        refresh_every=0,  # a retrieval step without the index builder: its share is costed by the preset's ratio
+        warmup_steps=1,
+        checkpoint_every=NEVER,
+        log_every=1,
+    )
+    train_pretrain(
+        store.folder,
+        folder / "realm",
+        str(warm_start / "retriever"),
+        str(warm_start / "reader"),
+        dataclasses.replace(preset, pretrain=pretrain),
+        progress=False,
+    )
+    measured["null_pretrain_step"] = step_seconds(folder / "realm", UNTIMED_STEPS, steps)
+    if retrieval:
+        measured["retrieval_pretrain_step"] = step_seconds(folder / "realm", steps + UNTIMED_STEPS, 2 * steps)
+
+    if qa_train:
+        qa = preset.qa
+        if len(qa_train) < qa.batch_size:
+            raise ValueError(f"{len(qa_train)} training questions: fewer than one batch of {qa.batch_size}")
+        picked = np.random.default_rng(0).choice(len(qa_train), size=(steps + 1) * qa.batch_size)
+        train = [qa_train[i] for i in picked]  # one epoch of steps + 1 steps: the last scores the dev sample
+        dev = list(qa_dev)[:SAMPLE_QUESTIONS]
+        qa = dataclasses.replace(qa, steps=None, epochs=1, dev_limit=1, checkpoint_every=NEVER, log_every=1)
+        tuned = dataclasses.replace(preset, qa=qa)
+        best = train_qa(str(folder / "realm"), index, train, dev, folder / "qa", tuned, progress=False)
+        assert math.ceil(len(train) / qa.batch_size) == steps + 1
+        measured["qa_step"] = step_seconds(folder / "qa", UNTIMED_STEPS, steps)
+        answerer = load_answerer(str(best), index, tuned, qa.retriever)
+        measured["qa_question"] = _timed(lambda: evaluate_qa(answerer, dev, (1, 5, 20))) / len(dev)
+        shutil.rmtree(folder / "qa" / BEST)
+    for heavy in (
+        "ict/checkpoints",
+        "ict/retriever",
+        "realm/checkpoints",
+        "realm/retriever",
+        "realm/reader",
+        "realm/index",
+        "qa/checkpoints",
+    ):
+        shutil.rmtree(folder / heavy, ignore_errors=True)
+    dtype = calibration_settings(preset)["dtype"].removeprefix("torch.")
+    return {"costs": asdict(measured_costs(preset, measured, dtype)), "measured": measured}
+
+
+def measured_costs(preset: Preset, measured: dict[str, float], dtype: str) -> StageCosts:
+    """The preset's StageCosts with what was measured put in. A pretraining step of a kind not measured (the query
+    tower alone, or both towers beside the index builder) keeps its ratio to the measured kind in the preset."""
+    base = preset.costs
+    measured_kind = "query_tower_pretrain_step" if preset.pretrain.doc_tower == "fixed" else "frozen_pretrain_step"
+    ratio = measured.get("retrieval_pretrain_step", getattr(base, measured_kind)) / getattr(base, measured_kind)
+    kinds = ("pretrain_step", "frozen_pretrain_step", "query_tower_pretrain_step")
+    return dataclasses.replace(
+        base,
+        source=f"the costs measured on this machine in {dtype}",
+        **{kind: getattr(base, kind) * ratio for kind in kinds},
+        **{k: v for k, v in measured.items() if k in {f.name for f in dataclasses.fields(StageCosts)}},
+    )
