@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import shutil
 import time
 from collections.abc import Sequence
@@ -34,6 +33,9 @@ SAMPLE_QUESTIONS = 32  # dev questions scored to cost evaluation
 UNTIMED_STEPS = 2
 TIMED_STEPS = 6
 NEVER = 10**9  # no checkpoint inside the timed steps
+# Not timed here: what follows training, the worked examples and the report (52 s with the cpu preset at 1fa5410;
+# the process start, the corpus and the warm start are measured stages, counted before planning)
+FINAL_SECONDS = 60.0
 
 
 def calibration_settings(preset: Preset) -> dict:
@@ -86,11 +88,14 @@ def calibrate(
     warm_start: Path,
     folder: Path,
     preset: Preset,
-    qa_train: Sequence[QAExample],
-    qa_dev: Sequence[QAExample],
+    qa: tuple[Sequence[QAExample], Sequence[QAExample], Path] | None = None,
 ) -> dict:
     """The preset's stage costs as measured here (`costs`, a StageCosts dict) and the raw figures (`measured`).
-    Raises ValueError where the data is too small for a trainer's batch."""
+    `qa`: training and dev questions, and the warm start's index of the whole corpus. A QA step and a question
+    are timed there, not on the sample: what they read grows with the corpus (the BM25 and dense beam of 100 blocks
+    each, labelled for answers; the reader's top 5, longer the more blocks retrieval chooses from: 24% more time a
+    step than on a sample of 384 blocks, docs/benchmarks.md). Raises ValueError where the data is too small for a
+    trainer's batch."""
     from realm.data.sentences import build_sentences, tag_salient_spans
     from realm.eval.answerer import load_answerer
     from realm.eval.qa import evaluate_qa
@@ -147,19 +152,21 @@ def calibrate(
     if retrieval:
         measured["retrieval_pretrain_step"] = step_seconds(folder / "realm", steps + UNTIMED_STEPS, 2 * steps)
 
-    if qa_train:
-        qa = preset.qa
-        if len(qa_train) < qa.batch_size:
-            raise ValueError(f"{len(qa_train)} training questions: fewer than one batch of {qa.batch_size}")
-        picked = np.random.default_rng(0).choice(len(qa_train), size=(steps + 1) * qa.batch_size)
+    if qa is not None:
+        qa_train, qa_dev, qa_index = qa
+        batch = preset.qa.batch_size
+        if len(qa_train) < batch:
+            raise ValueError(f"{len(qa_train)} training questions: fewer than one batch of {batch}")
+        picked = np.random.default_rng(0).choice(len(qa_train), size=(steps + 1) * batch)
         train = [qa_train[i] for i in picked]  # one epoch of steps + 1 steps: the last scores the dev sample
         dev = list(qa_dev)[:SAMPLE_QUESTIONS]
-        qa = dataclasses.replace(qa, steps=None, epochs=1, dev_limit=1, checkpoint_every=NEVER, log_every=1)
-        tuned = dataclasses.replace(preset, qa=qa)
-        best = train_qa(str(folder / "realm"), index, train, dev, folder / "qa", tuned, progress=False)
-        assert math.ceil(len(train) / qa.batch_size) == steps + 1
+        tuned = dataclasses.replace(
+            preset,
+            qa=dataclasses.replace(preset.qa, steps=None, epochs=1, dev_limit=1, checkpoint_every=NEVER, log_every=1),
+        )
+        best = train_qa(str(warm_start), qa_index, train, dev, folder / "qa", tuned, progress=False)
         measured["qa_step"] = step_seconds(folder / "qa", UNTIMED_STEPS, steps)
-        answerer = load_answerer(str(best), index, tuned, qa.retriever)
+        answerer = load_answerer(str(best), qa_index, tuned, preset.qa.retriever)
         measured["qa_question"] = _timed(lambda: evaluate_qa(answerer, dev, (1, 5, 20))) / len(dev)
         shutil.rmtree(folder / "qa" / BEST)
     for heavy in (
@@ -186,6 +193,7 @@ def measured_costs(preset: Preset, measured: dict[str, float], dtype: str) -> St
     return dataclasses.replace(
         base,
         source=f"the costs measured on this machine in {dtype}",
+        fixed_seconds=FINAL_SECONDS,
         **{kind: getattr(base, kind) * ratio for kind in kinds},
         **{k: v for k, v in measured.items() if k in {f.name for f in dataclasses.fields(StageCosts)}},
     )

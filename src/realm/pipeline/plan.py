@@ -61,7 +61,7 @@ class PipelinePlan:
     scale: float  # training steps relative to the preset
     preset: Preset  # the preset with its step counts scaled, and the stage costs it was sized with
     stages: tuple[StageEstimate, ...]
-    spent_seconds: float = 0.0  # before planning: the corpus, the warm start, the calibration
+    spent_seconds: float = 0.0  # before planning: corpus, warm start, off-the-shelf index, calibration
 
     @property
     def estimated_minutes(self) -> float:
@@ -155,11 +155,11 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     ]
     # An index whose document tower already built one in the run copies its embeddings (pipeline/work.py:
     # run_indexes): with a fixed document tower, every REALM index is the ICT tower's, embedded once (the REALM
-    # stage's first index); a trained one's first index is the ICT tower's too.
+    # stage's first index); a trained one's first index is the ICT tower's too. The off-the-shelf index is built
+    # before planning (QA is calibrated on it).
     reembed = 0.0 if preset.pretrain.doc_tower == "fixed" else embed
     if work.qa_train:
         stages += [
-            StageEstimate("baseline_index", 0, 0.0, embed),
             StageEstimate("ict_index", 0, 0.0, reembed),
             StageEstimate("realm_index", 0, 0.0, reembed),
         ]
@@ -209,7 +209,7 @@ def plan_run(
     """Planned once per run directory: a re-run for the same budget, preset and workload keeps the scale in
     plan.json, so stage costs measured anew cannot change step counts and so re-run finished stages. A new plan is
     costed with the `calibration`'s measured costs (pipeline/calibrate.py), else the constants of the precision this
-    machine trains in; `spent_seconds` (the corpus, the warm start, the calibration) count against the budget."""
+    machine trains in; `spent_seconds` (the stages before planning) count against the budget."""
     basis = {"budget_minutes": options.budget_minutes, "preset": preset.name, "workload": dataclasses.asdict(work)}
     path = Path(options.run_dir) / "plan.json"
     stored = json.loads(path.read_text()) if path.is_file() else {}
