@@ -53,6 +53,25 @@ def test_budget_scales_every_training_stage_to_fit():
         Workload(blocks=10, ablations=True)
 
 
+def test_each_training_stage_is_sized_as_it_begins_at_the_pace_the_run_has_kept():
+    from realm.pipeline.plan import estimate, paced_scale, scale_preset
+
+    cpu = get_preset("cpu")
+    work = Workload(blocks=16772, qa_train=9074, qa_dev=1496)
+    plan = plan_pipeline(cpu, work, 60, spent_seconds=120.0)
+    planned = {s.name: s.seconds for s in plan.stages}
+    assert paced_scale(plan, cpu, work, {}, {"calibration": 120.0}) == plan.scale  # the first: as planned
+    on_time = {"calibration": 120.0, "ict": planned["ict"]}
+    assert paced_scale(plan, cpu, work, {"ict": plan.scale}, on_time) == pytest.approx(plan.scale, rel=1e-3)
+    slow = {"calibration": 120.0, "ict": 1.5 * planned["ict"]}  # the machine runs 1.5x slower than calibrated
+    scale = paced_scale(plan, cpu, work, {"ict": plan.scale}, slow)
+    assert scale < plan.scale
+    rest = sum(s.seconds for s in estimate(scale_preset(cpu, scale, work.qa_train), work) if s.name != "ict")
+    assert 120 + 1.5 * planned["ict"] + 1.5 * (rest + cpu.costs.fixed_seconds) == pytest.approx(3600, rel=1e-3)
+    fast = {"calibration": 120.0, "ict": 0.5 * planned["ict"]}
+    assert paced_scale(plan, cpu, work, {"ict": plan.scale}, fast) > plan.scale
+
+
 def test_pretraining_is_costed_by_the_kind_of_step():
     costs = StageCosts(null_pretrain_step=1.0, frozen_pretrain_step=10.0, pretrain_step=100.0)
     cfg = PretrainConfig(steps=10, null_warmup_steps=4, retriever_frozen_steps=6, refresh_every=2)
@@ -380,7 +399,9 @@ def test_a_budget_is_planned_from_costs_measured_here_and_a_rerun_keeps_its_plan
     with pytest.raises(RuntimeError, match="stopped after planning"):
         Pipeline(options, preset, said.append).run()  # the same command again: nothing measured, the same plan
     assert "[pipeline] calibration: up to date" in " ".join(said)
-    assert json.loads((options.run_dir / "plan.json").read_text())["scale"] == plan.scale
+    replanned = json.loads((options.run_dir / "plan.json").read_text())
+    assert replanned["scale"] == plan.scale
+    assert replanned["stage_scales"] == {"ict": plan.scale}  # the first training stage begins as planned
     assert any("measured on this machine" in line and "x" in line for line in said if "plan:" in line)
 
 

@@ -67,6 +67,13 @@ class PipelinePlan:
     def estimated_minutes(self) -> float:
         return (self.spent_seconds + self.preset.costs.fixed_seconds + sum(s.seconds for s in self.stages)) / 60
 
+    def describe(self) -> str:
+        p, budget = self.preset, self.budget_minutes
+        fits = f" for a budget of {budget:g} min (training steps x{self.scale:.2f})" if budget else ""
+        qa = f", QA {p.qa.steps} steps" if p.qa.steps else ""
+        steps = f"ICT {p.ict.steps} steps, REALM {p.pretrain.steps} steps{qa}"
+        return f"{self.estimated_minutes:.0f} min estimated with {p.costs.source}{fits}; {steps}"
+
     def to_dict(self) -> dict:
         return {
             "budget_minutes": self.budget_minutes,
@@ -221,9 +228,58 @@ def plan_run(
     plan = plan_pipeline(costed, work, options.budget_minutes, kept, spent_seconds)
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()}
     record = {"basis": basis, **plan.to_dict(), "compute_dtype": str(dtype).removeprefix("torch.")}
+    record["stage_scales"] = stored.get("stage_scales", {}) if kept is not None else {}  # set as each stage begins
     record["calibration"] = calibration["measured"] if calibration else None
     write_json_atomic(path, {**record, "preset": plan.preset.to_dict(), "options": settings})
     return plan
+
+
+def paced_scale(
+    plan: PipelinePlan, costed: Preset, work: Workload, ran: dict[str, float], took: dict[str, float]
+) -> float:
+    """The scale of the next training stage's steps: what fits the budget left at the pace the run has kept. A
+    machine's speed drifts (a shared host, a long run's heat) further than a minute's calibration can see: the
+    stages finished since the plan took `pace` times their estimate, and every stage left is costed at that pace.
+    `costed`: the preset unscaled, with the plan's costs; `ran`: the scale each planned stage begun ran with;
+    `took`: the seconds of every finished stage, those before the plan too."""
+    assert plan.budget_minutes is not None
+
+    def seconds(scale: float) -> dict[str, float]:
+        return {s.name: s.seconds for s in estimate(scale_preset(costed, scale, work.qa_train), work)}
+
+    finished = [name for name in ran if name in took]
+    if not finished:
+        return plan.scale
+    pace = sum(took[n] for n in finished) / max(1e-9, sum(seconds(ran[n])[n] for n in finished))
+    left = plan.budget_minutes * 60 - sum(took.values())
+
+    def needed(scale: float) -> float:
+        rest = sum(v for name, v in seconds(scale).items() if name not in took)
+        return pace * (rest + costed.costs.fixed_seconds)
+
+    fits, too_long = 0.0, max(plan.scale, 1e-3)
+    while needed(too_long) <= left and too_long < 1e3:
+        fits, too_long = too_long, 2 * too_long
+    for _ in range(40):
+        middle = (fits + too_long) / 2
+        fits, too_long = (middle, too_long) if needed(middle) <= left else (fits, middle)
+    return fits
+
+
+def paced_preset(
+    plan: PipelinePlan, base: Preset, work: Workload, path: Path, stage: str, took: dict[str, float]
+) -> tuple[Preset, float]:
+    """The plan's preset (`base` scaled) with the steps of the training stage `stage`, about to begin, sized at the
+    run's pace, and that scale, kept in plan.json (`path`): a re-run trains the same steps."""
+    costed = dataclasses.replace(base, costs=plan.preset.costs)
+    if plan.budget_minutes is None:
+        return plan.preset, plan.scale
+    stored = json.loads(path.read_text())
+    scales = stored["stage_scales"]
+    if stage not in scales:
+        scales[stage] = paced_scale(plan, costed, work, scales, took)
+        write_json_atomic(path, stored)
+    return scale_preset(costed, scales[stage], work.qa_train), scales[stage]
 
 
 def _costed(preset: Preset) -> str:

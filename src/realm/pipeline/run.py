@@ -25,7 +25,7 @@ from realm.config import MINILM, Preset
 from realm.data.qa_examples import QAExample, load_qa
 from realm.pipeline import work as stage_work
 from realm.pipeline.ablations import ablation_variants
-from realm.pipeline.plan import PipelineOptions, PipelinePlan, Workload, plan_run
+from realm.pipeline.plan import PipelineOptions, PipelinePlan, Workload, paced_preset, plan_run
 from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metrics
 
 log = logging.getLogger(__name__)
@@ -233,15 +233,9 @@ class Pipeline:
         preset = self.base_preset
 
         def work(folder: Path, resume: bool) -> dict:
+            qa = (self.qa_train, self.qa_dev, self.run_dir / "baseline_index" / "index") if warm_index else None
             try:
-                qa_index = self.run_dir / "baseline_index" / "index" if warm_index else None
-                return calibrate(
-                    self.run_dir / "corpus",
-                    self.run_dir / "warm_start",
-                    folder,
-                    preset,
-                    (self.qa_train, self.qa_dev, qa_index) if qa_index else None,
-                )
+                return calibrate(self.run_dir / "corpus", self.run_dir / "warm_start", folder, preset, qa)
             except ValueError as err:  # e.g. fewer blocks than an ICT batch: the preset's constants will do
                 return {"fallback": str(err)}
 
@@ -261,6 +255,15 @@ class Pipeline:
         spent = (r.seconds for name, r in self.stages.records.items() if name in PLANNED_AFTER)
         return plan_run(self.options, self.base_preset, work, calibration, sum(spent))
 
+    def paced(self, stage: str) -> Preset:
+        """The plan's preset with the steps of `stage` sized as it begins (pipeline/plan.py: paced_preset)."""
+        assert self.plan is not None
+        took = {name: r.seconds for name, r in self.stages.records.items()}
+        preset, scale = paced_preset(self.plan, self.base_preset, self.work, self.run_dir / "plan.json", stage, took)
+        if abs(scale / self.plan.scale - 1) > 0.01:
+            self.echo(f"[pipeline] {stage}: steps x{scale:.2f} at the run's pace (planned x{self.plan.scale:.2f})")
+        return preset
+
     def run(self) -> Path:
         corpus = self.corpus()
         warm = self.warm_start()
@@ -271,28 +274,17 @@ class Pipeline:
             else None
         )
         calibration = self.calibration(corpus, warm, warm_index) if self.options.budget_minutes else None
-        self.plan = self.make_plan(
-            Workload(corpus.result["blocks"], len(self.qa_train), len(self.qa_dev), self.options.ablations),
-            calibration,
-        )
+        self.work = Workload(corpus.result["blocks"], len(self.qa_train), len(self.qa_dev), self.options.ablations)
+        self.plan = self.make_plan(self.work, calibration)
         preset = self.plan.preset
-        self.echo(
-            f"[pipeline] plan: {self.plan.estimated_minutes:.0f} min estimated with {preset.costs.source}"
-            + (
-                f" for a budget of {self.plan.budget_minutes:g} min (training steps x{self.plan.scale:.2f})"
-                if self.plan.budget_minutes
-                else ""
-            )
-            + f"; ICT {preset.ict.steps} steps, REALM {preset.pretrain.steps} steps"
-            + (f", QA {preset.qa.steps} steps" if self.qa_train else "")
-        )
-        ict = self.ict(preset, warm, corpus)
-        realm = self.pretrain("realm", preset, ict, warm)
+        self.echo(f"[pipeline] plan: {self.plan.describe()}")
+        ict = self.ict(self.paced("ict"), warm, corpus)
+        realm = self.pretrain("realm", self.paced("realm"), ict, warm)
         if warm_index is not None:
             ict_index = self.index("ict_index", self.run_dir / "ict" / "retriever", preset, [ict, corpus])
             realm_index = self.index("realm_index", self.run_dir / "realm" / "retriever", preset, [realm, corpus])
             qa = self.finetune(
-                "qa", self.run_dir / "realm", self.run_dir / "realm_index" / "index", preset, [realm_index]
+                "qa", self.run_dir / "realm", self.run_dir / "realm_index" / "index", self.paced("qa"), [realm_index]
             )
             self.evaluate(
                 preset,
@@ -309,13 +301,14 @@ class Pipeline:
                 "qa_ict",
                 self.run_dir / "ict",
                 self.run_dir / "ict_index" / "index",
-                preset,
+                self.paced("qa_ict"),
                 [ict_index],
                 reader=self.run_dir / "warm_start" / "reader",
                 evaluate=True,
             )
             for variant, changes in ablation_variants(preset.pretrain).items():
-                varied = dataclasses.replace(preset, pretrain=dataclasses.replace(preset.pretrain, **changes))
+                paced = self.paced(f"realm_{variant}")
+                varied = dataclasses.replace(paced, pretrain=dataclasses.replace(paced.pretrain, **changes))
                 pretrained = self.pretrain(f"realm_{variant}", varied, ict, warm)
                 index = self.index(
                     f"realm_{variant}_index", self.run_dir / pretrained.name / "retriever", preset, [pretrained, corpus]
@@ -324,7 +317,7 @@ class Pipeline:
                     f"qa_{variant}",
                     self.run_dir / pretrained.name,
                     self.run_dir / index.name / "index",
-                    preset,
+                    self.paced(f"qa_{variant}"),
                     [index],
                     evaluate=True,
                 )
