@@ -3,10 +3,10 @@
 The cost of a stage is estimated from `StageCosts`: measured on this machine, on the run's own data, just before
 planning (pipeline/calibrate.py), or where that cannot run the preset's constants (its `fp32_costs` where the
 trainers compute in fp32, on a CPU without bf16 matmul). What the run spent before planning (corpus, warm start,
-calibration), embedding, tagging and evaluation are fixed costs; the training steps of ICT, REALM pretraining and QA
+off-the-shelf index, calibration), embedding, tagging and evaluation are fixed costs; the training steps of ICT, REALM pretraining and QA
 fine-tuning share what is left, all cut (or stretched) by the same factor, so the relative lengths of the stages stay
 those of the preset. Schedules that count steps (warmup, the retriever freeze, the refresh interval, checkpoints)
-scale with them.
+scale with them. Each training stage takes its factor as it begins, at the pace the run has kept (`paced_scale`).
 """
 
 from __future__ import annotations
