@@ -3,9 +3,9 @@
 The cost of a stage is estimated from `StageCosts`: measured on this machine, on the run's own data, just before
 planning (pipeline/calibrate.py), or where that cannot run the preset's constants (its `fp32_costs` where the
 trainers compute in fp32, on a CPU without bf16 matmul). What the run spent before planning (corpus, warm start,
-off-the-shelf index, calibration), embedding, tagging and evaluation are fixed costs; the training steps of ICT, REALM pretraining and QA
-fine-tuning share what is left, all cut (or stretched) by the same factor, so the relative lengths of the stages stay
-those of the preset. Schedules that count steps (warmup, the retriever freeze, the refresh interval, checkpoints)
+off-the-shelf index, calibration), embedding, tagging and evaluation are fixed costs; the training steps of ICT,
+REALM pretraining and QA fine-tuning share what is left, all cut (or stretched) by the same factor, so the relative
+lengths of the stages stay those of the preset. Schedules that count steps (warmup, the retriever freeze, the refresh interval, checkpoints)
 scale with them. Each training stage takes its factor as it begins, at the pace the run has kept (`paced_scale`).
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,10 +261,7 @@ def paced_scale(
     fits, too_long = 0.0, max(plan.scale, 1e-3)
     while needed(too_long) <= left and too_long < 1e3:
         fits, too_long = too_long, 2 * too_long
-    for _ in range(40):
-        middle = (fits + too_long) / 2
-        fits, too_long = (middle, too_long) if needed(middle) <= left else (fits, middle)
-    return fits
+    return _largest_fitting(lambda scale: needed(scale) <= left, fits, too_long)
 
 
 def paced_preset(
@@ -271,9 +269,9 @@ def paced_preset(
 ) -> tuple[Preset, float]:
     """The plan's preset (`base` scaled) with the steps of the training stage `stage`, about to begin, sized at the
     run's pace, and that scale, kept in plan.json (`path`): a re-run trains the same steps."""
-    costed = dataclasses.replace(base, costs=plan.preset.costs)
     if plan.budget_minutes is None:
         return plan.preset, plan.scale
+    costed = dataclasses.replace(base, costs=plan.preset.costs)
     stored = json.loads(path.read_text())
     scales = stored["stage_scales"]
     if stage not in scales:
@@ -307,11 +305,16 @@ def _scale_to_fit(
             budget_minutes, scale, scaled, tuple(estimate(scaled, work)), spent_seconds
         ).estimated_minutes
 
-    fits, too_long = 0.0, 2 * left / training  # twice the steps that fill what is left: over the budget
+    # twice the steps that fill what is left: over the budget
+    return _largest_fitting(lambda scale: minutes(scale) <= budget_minutes, 0.0, 2 * left / training)
+
+
+def _largest_fitting(fits: Callable[[float], bool], low: float, high: float) -> float:
+    """Bisection: the largest scale in [low, high] that `fits` (low fits, high does not; cost grows with scale)."""
     for _ in range(40):
-        middle = (fits + too_long) / 2
-        fits, too_long = (middle, too_long) if minutes(middle) <= budget_minutes else (fits, middle)
-    return fits
+        middle = (low + high) / 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 @dataclass(frozen=True)
