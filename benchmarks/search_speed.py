@@ -1,5 +1,6 @@
 """Exact and approximate MIPS: faiss backends vs numpy brute force, same vectors, same run.
 
+Without faiss (a GPU image), `flat` is the torch brute force (`ExactSearch`) on the default device.
 Random Gaussian 128-d vectors (the hardest case for approximate search: no cluster structure) at
 100k and 1M, 1,000 queries. Reports queries/s of exact faiss `flat` against a numpy matmul + argpartition
 brute force (the baseline), and build time, queries/s and recall@10 (against exact) of `hnsw` and
@@ -78,7 +79,9 @@ def run(label: str, base: np.ndarray, queries: np.ndarray, backends: tuple[str, 
         rows.append(
             (
                 label,
-                f"faiss {backend} {params or ''}".strip(),
+                f"faiss {backend} {params or ''}".strip()
+                if index is not None
+                else f"torch exact ({mips.index.device})",
                 f"{build:.1f}",
                 qps,
                 qps / numpy_qps,

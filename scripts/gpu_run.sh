@@ -3,19 +3,23 @@
 # shapes with larger batches on MiniLM), then a real-weights comparison of REALM pretraining against its
 # ICT-only warm start, each fine-tuned and evaluated on SQuAD-open dev. Everything lands in runs/gpu/.
 #
-#   bash scripts/gpu_run.sh stage      # on a machine with the package installed: .gpu/ holds what an offline
-#                                      # GPU image lacks (corpus + salient-span cache, QA files, MiniLM in fp16)
+#   bash scripts/gpu_run.sh stage      # on a machine with the package installed: .gpu/ (git-ignored; send it with
+#                                      # the tree) holds what an offline GPU image lacks (corpus + salient-span
+#                                      # cache, QA files, MiniLM in fp16)
 #   bash scripts/gpu_run.sh [all|bench|compare]    # on the GPU machine (default: all)
 #
 # Knobs (environment): REALM_MINUTES (default 7: the pretraining steps are sized from the step time measured by
 # the bench to fit) or REALM_STEPS, REALM_BATCH (64), CANDIDATES (8, the null document included), ICT_STEPS (200),
-# ICT_BATCH (256), QA_BATCH (32), QA_EPOCHS (2); GPU_STAGE (.gpu) and RUN (runs/gpu) name the folders.
+# ICT_BATCH (256), QA_BATCH (32), QA_EPOCHS (2), QA_TRAIN / QA_DEV (SQuAD-open); GPU_STAGE (.gpu) and RUN
+# (runs/gpu) name the folders.
 # Every stage resumes after a kill: re-run the same command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=${SHARED:-../shared/data}
 G=${GPU_STAGE:-.gpu}
 R=${RUN:-runs/gpu}
+TRAIN=${QA_TRAIN:-$G/qa/squad_open_train.jsonl}  # QA_TRAIN / QA_DEV: other question files (e.g. a slice for a smoke run)
+DEV=${QA_DEV:-$G/qa/squad_open_dev.jsonl}
 PY=${PYTHON:-python3}
 
 stage() {
@@ -65,17 +69,18 @@ bench() {  # a failed measurement (e.g. out of memory) is reported and does not 
     [ -f $R/bench_paper.json ] || $PY benchmarks/train_throughput.py --corpus $R/paper_corpus --preset paper \
         --model random --qa $G/qa/squad_open_train.jsonl --ict-batch 256 --realm-batch 16 --qa-batch 16 \
         --embed-batch 256 --json $R/bench_paper.json || echo "bench at paper shapes failed"
+    [ -f $R/search.md ] || $PY benchmarks/search_speed.py --sizes 1000000 --approx-sizes "" --queries 1000 \
+        > $R/search.md || echo "exact search benchmark failed"
 }
 
 qa_and_eval() {  # NAME MODEL INDEX [READER]: fine-tune on SQuAD-open train, then EM and recall on all of dev
     local name=$1 model=$2 index=$3 reader=${4:+--reader $4}
     [ -f $R/qa_$name/best/dev.json ] && [ -f $R/qa_$name/done ] || {
-        realm train qa --model $model $reader --index $index --train $G/qa/squad_open_train.jsonl \
-            --dev $G/qa/squad_open_dev.jsonl --out $R/qa_$name --batch-size "${QA_BATCH:-32}" \
-            --epochs "${QA_EPOCHS:-2}" --resume --quiet
+        realm train qa --model $model $reader --index $index --train $TRAIN --dev $DEV --out $R/qa_$name \
+            --retriever dense --batch-size "${QA_BATCH:-32}" --epochs "${QA_EPOCHS:-2}" --resume --quiet
         touch $R/qa_$name/done; }
     [ -f $R/eval_$name.json ] || { realm eval qa --model $R/qa_$name/best --index $index \
-        --qa $G/qa/squad_open_dev.jsonl --out $R/predictions_$name.jsonl --recall-k 1,5,20,100 --json --quiet \
+        --qa $DEV --retriever dense --out $R/predictions_$name.jsonl --recall-k 1,5,20,100 --json --quiet \
         > $R/eval_$name.json.tmp && mv $R/eval_$name.json.tmp $R/eval_$name.json; }
 }
 
@@ -96,9 +101,11 @@ try:
 except (OSError, KeyError):
     print(1000)  # no measured step time" "${REALM_MINUTES:-7}")
     echo "REALM: $steps steps of batch ${REALM_BATCH:-64}" | tee $R/realm_plan.txt
+    # Both towers train, the index refreshed by the builder beside the trainer; the first fifth of the steps
+    # teaches the fresh masked-LM head on the null document alone.
     [ -f $R/realm/reader/config.json ] || realm train pretrain --corpus $c --retriever $R/ict/retriever --out $R/realm \
-        --steps "$steps" --batch-size "${REALM_BATCH:-64}" --num-candidates "${CANDIDATES:-8}" \
-        --refresh-every $((steps / 20)) --retriever-frozen-steps $((steps / 5)) \
+        --steps "$steps" --batch-size "${REALM_BATCH:-64}" --num-candidates "${CANDIDATES:-8}" --doc-tower trained \
+        --refresh-every $((steps / 20)) --null-warmup-steps $((steps / 5)) --retriever-frozen-steps $((steps / 5)) \
         --checkpoint-every $((steps >= 5 ? steps / 5 : 1)) \
         --resume --quiet
     [ -f $R/realm_index/CURRENT ] || realm index build --corpus $c --model $R/realm/retriever --out $R/realm_index --quiet

@@ -74,6 +74,25 @@ def test_packed_forward_equals_bert_forward_on_every_real_token(bucketing):
         torch.testing.assert_close(param.grad, grad, rtol=1e-4, atol=1e-4)
 
 
+def test_padded_forward_of_a_gpu_equals_the_packed_one(bucketing):
+    """The GPU's path (`encode_padded`), run here on a CPU: the packed path's values and gradients, zeros at
+    padding."""
+    bert = random_bert(TINY_SHAPE, 30522, seed=3).eval()
+    ids, mask, types = ragged_batch([12, 4, 20, 1])
+    real = mask.bool()
+    outputs, grads = [], []
+    for forward in (encoder.encode_packed, encoder.encode_padded):
+        bert.zero_grad()
+        out = forward(bert, ids, mask, types)
+        out[real].pow(2).sum().backward()
+        outputs.append(out.detach())
+        grads.append([p.grad.clone() for p in bert.parameters()])
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+    assert outputs[1][~real].abs().max() == 0
+    for padded, packed in zip(*grads[::-1]):
+        torch.testing.assert_close(padded, packed, rtol=1e-4, atol=1e-4)
+
+
 def test_packing_changes_no_example(bucketing):
     """An example's hidden states do not depend on the other rows of its batch (their count or lengths)."""
     bert = random_bert(TINY_SHAPE, 30522, seed=2).eval()

@@ -1,4 +1,5 @@
 """BERT's forward pass over packed tokens: every tower and reader runs its Hugging Face BertModel through here.
+On a GPU, `encode` runs BertModel's own padded forward instead (`encode_padded`): see there why.
 
 A batch of (N, L) padded rows holds T < N * L real tokens (a QA reader batch: about two thirds). Everything
 but attention works token by token, so it runs on the (T, H) matrix of real tokens only. Attention alone goes
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import BertModel
 from transformers.activations import ACT2FN
 
@@ -43,11 +45,11 @@ def _attention(
 ) -> torch.Tensor:
     """q, k, v (N, heads, L, d); key_mask (N, 1, 1, L) bool, True at real tokens -> (N, heads, L, d).
 
-    SDPA's fused kernels where they are fast: on a GPU, and on a CPU for inference. A CPU step with gradients
-    or dropout takes the plain path in q's dtype: CPU flash attention's backward is slower than these three ops
-    at head size 32 (158 vs 73 ms for a 32 x 184-token reader layer), and its dropout falls back to bernoulli_."""
+    SDPA's fused kernel for inference. A step with gradients or dropout takes the plain path in q's dtype: CPU
+    flash attention's backward is slower than these three ops at head size 32 (158 vs 73 ms for a 32 x 184-token
+    reader layer), and its dropout falls back to bernoulli_."""
     p = p if training else 0.0
-    if q.device.type != "cpu" or (p == 0.0 and not torch.is_grad_enabled()):
+    if p == 0.0 and not torch.is_grad_enabled():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
     with torch.autocast("cpu", enabled=False):  # autocast would run the softmax over (N, heads, L, L) in fp32
         bias = torch.zeros(key_mask.shape, dtype=q.dtype, device=q.device).masked_fill(~key_mask, float("-inf"))
@@ -120,10 +122,35 @@ def buckets(real: torch.Tensor, at: torch.Tensor) -> list[Bucket]:
     return result
 
 
+# SDPA backends of the padded path: never cuDNN, which builds a plan for each new shape (~70 ms on an H100)
+GPU_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def encode(
     bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
 ) -> torch.Tensor:
-    """(N, L) inputs -> (N, L, H) last hidden states; zeros at padding positions."""
+    """(N, L) inputs -> (N, L, H) last hidden states; zeros at padding positions. Packed on a CPU, padded on a GPU:
+    packing saves FLOPs a GPU has to spare, and its index copies and per-bucket kernels leave a GPU launch-bound
+    (benchmarks/encoder_gpu.py, H100, MiniLM over 512 rows of 40-128 tokens: a training step 175 ms packed,
+    41 ms padded)."""
+    if input_ids.device.type == "cpu":
+        return encode_packed(bert, input_ids, attention_mask, token_type_ids)
+    return encode_padded(bert, input_ids, attention_mask, token_type_ids)
+
+
+def encode_padded(
+    bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+) -> torch.Tensor:
+    """`encode` by BertModel's own padded forward."""
+    with sdpa_kernel(GPU_ATTENTION):
+        hidden = bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+    return hidden.last_hidden_state * attention_mask[..., None].to(hidden.last_hidden_state.dtype)  # (N, L, H)
+
+
+def encode_packed(
+    bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+) -> torch.Tensor:
+    """`encode` over the packed real tokens (the module's docstring)."""
     config, training = bert.config, bert.training
     n, length = input_ids.shape
     heads, hidden_size = config.num_attention_heads, config.hidden_size
