@@ -72,6 +72,9 @@ def run(label: str, base: np.ndarray, queries: np.ndarray, backends: tuple[str, 
                 keep_versions=1,
             )
             mips = MipsIndex(folder)
+            method = (
+                f"faiss {backend} {params or ''}".strip() if index is not None else f"torch exact ({mips.index.device})"
+            )
             mips.search(queries[:10], K)  # warm up
             start = time.perf_counter()
             _, found = mips.search(queries, K)
@@ -79,9 +82,7 @@ def run(label: str, base: np.ndarray, queries: np.ndarray, backends: tuple[str, 
         rows.append(
             (
                 label,
-                f"faiss {backend} {params or ''}".strip()
-                if index is not None
-                else f"torch exact ({mips.index.device})",
+                method,
                 f"{build:.1f}",
                 qps,
                 qps / numpy_qps,

@@ -89,7 +89,7 @@ def test_padded_forward_of_a_gpu_equals_the_packed_one(bucketing):
         grads.append([p.grad.clone() for p in bert.parameters()])
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
     assert outputs[1][~real].abs().max() == 0
-    for padded, packed in zip(*grads[::-1]):
+    for packed, padded in zip(grads[0], grads[1]):
         torch.testing.assert_close(padded, packed, rtol=1e-4, atol=1e-4)
 
 

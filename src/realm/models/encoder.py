@@ -144,7 +144,8 @@ def encode_padded(
     """`encode` by BertModel's own padded forward."""
     with sdpa_kernel(GPU_ATTENTION):
         hidden = bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-    return hidden.last_hidden_state * attention_mask[..., None].to(hidden.last_hidden_state.dtype)  # (N, L, H)
+    states = hidden.last_hidden_state  # (N, L, H), BERT's values at padding too
+    return states * attention_mask[..., None].to(states.dtype)
 
 
 def encode_packed(

@@ -5,8 +5,9 @@ planning (pipeline/calibrate.py), or where that cannot run the preset's constant
 trainers compute in fp32, on a CPU without bf16 matmul). What the run spent before planning (corpus, warm start,
 off-the-shelf index, calibration), embedding, tagging and evaluation are fixed costs; the training steps of ICT,
 REALM pretraining and QA fine-tuning share what is left, all cut (or stretched) by the same factor, so the relative
-lengths of the stages stay those of the preset. Schedules that count steps (warmup, the retriever freeze, the refresh interval, checkpoints)
-scale with them. Each training stage takes its factor as it begins, at the pace the run has kept (`paced_scale`).
+lengths of the stages stay those of the preset. Schedules that count steps (warmup, the retriever freeze, the
+refresh interval, checkpoints) scale with them. Each training stage takes its factor as it begins, at the pace the
+run has kept (`paced_scale`).
 """
 
 from __future__ import annotations
@@ -305,8 +306,8 @@ def _scale_to_fit(
             budget_minutes, scale, scaled, tuple(estimate(scaled, work)), spent_seconds
         ).estimated_minutes
 
-    # twice the steps that fill what is left: over the budget
-    return _largest_fitting(lambda scale: minutes(scale) <= budget_minutes, 0.0, 2 * left / training)
+    over_budget = 2 * left / training  # twice the steps that fill what is left
+    return _largest_fitting(lambda scale: minutes(scale) <= budget_minutes, 0.0, over_budget)
 
 
 def _largest_fitting(fits: Callable[[float], bool], low: float, high: float) -> float:
