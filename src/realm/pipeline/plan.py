@@ -306,8 +306,7 @@ def _scale_to_fit(
             budget_minutes, scale, scaled, tuple(estimate(scaled, work)), spent_seconds
         ).estimated_minutes
 
-    over_budget = 2 * left / training  # twice the steps that fill what is left
-    return _largest_fitting(lambda scale: minutes(scale) <= budget_minutes, 0.0, over_budget)
+    return _largest_fitting(lambda scale: minutes(scale) <= budget_minutes, 0.0, 2 * left / training)  # over budget
 
 
 def _largest_fitting(fits: Callable[[float], bool], low: float, high: float) -> float:
