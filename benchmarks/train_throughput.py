@@ -18,12 +18,12 @@ index builder's own path (`build_index`: embed every block of the corpus, publis
 Side by side with the code before a change, and with the naive reference, in one invocation:
 
     python benchmarks/train_throughput.py --corpus data/bench/corpus --preset cpu --model minilm \
-        --qa ../shared/data/qa/squad_open_train.jsonl --base 9269e25 --rounds 2
+        --qa ../shared/data/qa/squad_open_train.jsonl --base 9269e25,cf41f60 --rounds 2
 
-runs three variants as child processes, alternating round by round so machine noise hits all alike: `base`
-(the revision's own copy of this script and package, from a temporary git worktree), `this` (this tree) and
-`naive` (this tree with Hugging Face's own BertModel forward over padded batches, in fp32: `--naive`). Each
-trainer's step time is the lower of its per-round medians; the ratios are against `base`.
+runs the variants as child processes, alternating round by round so machine noise hits all alike: each `base`
+revision (its own copy of this script and package, from a temporary git worktree), `this` (this tree) and `naive`
+(this tree with Hugging Face's own BertModel forward over padded batches, in fp32: `--naive`). Each trainer's step
+time is the lower of its per-round medians; a ratio column per base revision.
 
 Sentences are split without the salient-span tagger (spaCy may be absent), so REALM steps mask random spans
 (`random-span`) instead of salient ones; that changes which tokens are masked, not the step's cost.
@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -105,18 +106,21 @@ def use_hf_forward() -> None:
 
 
 def side_by_side(args: argparse.Namespace, passed: list[str]) -> None:
-    """Run base / this / naive as child processes, `args.rounds` rounds, and print the step-time ratios."""
+    """Run each base revision / this / naive as child processes, `args.rounds` rounds, and print the step times with
+    their ratios to every base."""
     own = [a for a in passed if a not in ("--naive",)]
-    with tempfile.TemporaryDirectory() as tmp, base_worktree(args.base) as base:
+    revisions = args.base.split(",")
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         variants = {
-            f"base {args.base}": (base / "benchmarks" / "train_throughput.py", base / "src", []),
-            "this": (ROOT / "benchmarks" / "train_throughput.py", ROOT / "src", []),
-            "naive (fp32, HF forward, padded)": (
-                ROOT / "benchmarks" / "train_throughput.py",
-                ROOT / "src",
-                ["--naive"],
-            ),
+            f"base {revision}": (tree / "benchmarks" / "train_throughput.py", tree / "src", [])
+            for revision, tree in ((r, stack.enter_context(base_worktree(r))) for r in revisions)
         }
+        variants["this"] = (ROOT / "benchmarks" / "train_throughput.py", ROOT / "src", [])
+        variants["naive (fp32, HF forward, padded)"] = (
+            ROOT / "benchmarks" / "train_throughput.py",
+            ROOT / "src",
+            ["--naive"],
+        )
         rows: dict[str, dict[str, list[dict]]] = {name: {} for name in variants}
         for round_ in range(args.rounds):
             for name, (script, src, extra) in variants.items():
@@ -127,23 +131,26 @@ def side_by_side(args: argparse.Namespace, passed: list[str]) -> None:
                 for row in json.loads(out.read_text())["results"]:
                     rows[name].setdefault(row["trainer"], []).append(row)
                 print(f"round {round_ + 1}/{args.rounds}: {name} done", flush=True)
-    base_name = f"base {args.base}"
-    print("| trainer | variant | step s (data + compute) | steps/s | tokens/s | MFU | vs base |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for trainer, base_rows in rows[base_name].items():
+    bases = [f"base {revision}" for revision in revisions]
+    ratios = " | ".join(f"vs {revision}" for revision in revisions)
+    print(f"| trainer | variant | step s (data + compute) | steps/s | tokens/s | MFU | {ratios} |")
+    print("|---|---|---:|---:|---:|---:|" + "---:|" * len(revisions))
+    for trainer in rows[bases[0]]:
         for name in variants:
             if trainer not in rows[name]:
                 continue
             if trainer == "embed":
                 best = max(rows[name][trainer], key=lambda r: r["blocks_per_s"])
-                ratio = best["blocks_per_s"] / max(r["blocks_per_s"] for r in base_rows)
-                print(f"| embed | {name} | {best['blocks_per_s']} blocks/s | | | {best['mfu']:.0%} | {ratio:.2f}x |")
+                vs = " | ".join(
+                    f"{best['blocks_per_s'] / max(r['blocks_per_s'] for r in rows[b][trainer]):.2f}x" for b in bases
+                )
+                print(f"| embed | {name} | {best['blocks_per_s']} blocks/s | | | {best['mfu']:.0%} | {vs} |")
                 continue
             best = min(rows[name][trainer], key=lambda r: r["step_s"])
-            ratio = min(r["step_s"] for r in base_rows) / best["step_s"]
+            vs = " | ".join(f"{min(r['step_s'] for r in rows[b][trainer]) / best['step_s']:.2f}x" for b in bases)
             print(
                 f"| {trainer} | {name} | {best['step_s']:.2f} ({best['data_s']:.2f} + {best['compute_s']:.2f}) | "
-                f"{best['steps_per_s']:.3f} | {best['tokens_per_s']} | {best['mfu']:.0%} | {ratio:.2f}x |"
+                f"{best['steps_per_s']:.3f} | {best['tokens_per_s']} | {best['mfu']:.0%} | {vs} |"
             )
 
 
@@ -233,7 +240,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--naive", action="store_true", help="the naive reference: fp32, HF forward, padded")
-    parser.add_argument("--base", help="also measure this revision, side by side (with --rounds)")
+    parser.add_argument("--base", help="also measure these revisions (comma-separated), side by side (with --rounds)")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     if args.base:

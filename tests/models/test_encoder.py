@@ -74,6 +74,22 @@ def test_packed_forward_equals_bert_forward_on_every_real_token(bucketing):
         torch.testing.assert_close(param.grad, grad, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("lengths", [[17, 16, 17, 17], [17, 3, 9, 17, 1]], ids=["dense", "packed"])
+def test_inference_in_chunks_equals_bert_forward(lengths, monkeypatch):
+    """Without gradients: a batch of about one length runs every position (`dense`), a ragged one packed; the
+    scores a row at a time and the feed-forward block 4 tokens at a time (the cache-sized chunks, made tiny)."""
+    monkeypatch.setattr(encoder, "SCORES_BYTES", 1)
+    monkeypatch.setattr(encoder, "FFN_ROWS", 4)
+    bert = random_bert(TINY_SHAPE, 30522, seed=2).eval()
+    ids, mask, types = ragged_batch(lengths, seed=1)
+    with torch.no_grad():
+        reference = hf_forward(bert, ids, mask, types)
+        chunked = encode(bert, ids, mask, types)
+    real = mask.bool()
+    torch.testing.assert_close(chunked[real], reference[real], rtol=1e-5, atol=1e-5)
+    assert chunked[~real].abs().max() == 0
+
+
 def test_padded_forward_of_a_gpu_equals_the_packed_one(bucketing):
     """The GPU's path (`encode_padded`), run here on a CPU: the packed path's values and gradients, zeros at
     padding."""
