@@ -54,9 +54,10 @@ def _attention(
     """q, k, v (N, heads, L, d); key_mask (N, 1, 1, L) bool, True at real tokens -> (N, heads, L, d).
 
     Plain softmax(QK^T / sqrt(d) + mask) V in q's dtype, not SDPA's fused kernel: at head size 32 CPU flash attention
-    is slower both ways (inference: 25 vs 14 ms for 64 x 128-token rows in bf16; a step with gradients: 158 vs 73 ms
-    for a 32 x 184-token reader layer), and its dropout falls back to bernoulli_. Without gradients the scores are
-    formed a few rows at a time (SCORES_BYTES), so they stay in cache instead of going through memory twice."""
+    is slower both ways (inference: 20 vs 13 ms for 64 x 128-token rows in bf16, benchmarks/encoder_cpu.py; with
+    gradients: 158 vs 73 ms for a 32 x 184-token reader layer), and its dropout falls back to bernoulli_. Without
+    gradients the scores are formed a few rows at a time (SCORES_BYTES), so they stay in cache instead of going
+    through memory twice."""
     p = p if training else 0.0
     with torch.autocast("cpu", enabled=False):  # autocast would run the softmax over (N, heads, L, L) in fp32
         bias = torch.zeros(key_mask.shape, dtype=q.dtype, device=q.device).masked_fill(~key_mask, float("-inf"))
