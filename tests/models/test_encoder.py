@@ -38,6 +38,16 @@ def ragged_batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch
     return ids * mask, mask, types
 
 
+def assert_inference_equals_bert_forward(bert, ids, mask, types) -> None:
+    """Without gradients, `encode` equals BertModel.forward on every real token (fp32) and is zero at padding."""
+    with torch.no_grad():
+        reference = hf_forward(bert, ids, mask, types)
+        encoded = encode(bert, ids, mask, types)
+    real = mask.bool()
+    torch.testing.assert_close(encoded[real], reference[real], rtol=1e-5, atol=1e-5)
+    assert encoded[~real].abs().max() == 0
+
+
 @pytest.fixture(params=["one bucket", "a bucket per length"])
 def bucketing(request, monkeypatch):
     """The default cost keeps these short rows in one attention bucket; no overhead splits them by length."""
@@ -58,12 +68,8 @@ def test_length_buckets_pay_padding_only_where_it_is_cheaper_than_a_bucket(monke
 def test_packed_forward_equals_bert_forward_on_every_real_token(bucketing):
     bert = random_bert(TINY_SHAPE, 30522, seed=1).eval()
     ids, mask, types = ragged_batch([17, 3, 9, 17, 1])
-    with torch.no_grad():
-        reference = hf_forward(bert, ids, mask, types)
-        packed = encode(bert, ids, mask, types)
+    assert_inference_equals_bert_forward(bert, ids, mask, types)
     real = mask.bool()
-    torch.testing.assert_close(packed[real], reference[real], rtol=1e-5, atol=1e-5)
-    assert packed[~real].abs().max() == 0
     # with gradients the CPU takes the plain attention path: same values, same gradients
     bert.zero_grad()
     hf_forward(bert, ids, mask, types)[real].pow(2).sum().backward()
@@ -80,14 +86,7 @@ def test_inference_in_chunks_equals_bert_forward(lengths, monkeypatch):
     scores a row at a time and the feed-forward block 4 tokens at a time (the cache-sized chunks, made tiny)."""
     monkeypatch.setattr(encoder, "SCORES_BYTES", 1)
     monkeypatch.setattr(encoder, "FFN_ROWS", 4)
-    bert = random_bert(TINY_SHAPE, 30522, seed=2).eval()
-    ids, mask, types = ragged_batch(lengths, seed=1)
-    with torch.no_grad():
-        reference = hf_forward(bert, ids, mask, types)
-        chunked = encode(bert, ids, mask, types)
-    real = mask.bool()
-    torch.testing.assert_close(chunked[real], reference[real], rtol=1e-5, atol=1e-5)
-    assert chunked[~real].abs().max() == 0
+    assert_inference_equals_bert_forward(random_bert(TINY_SHAPE, 30522, seed=2).eval(), *ragged_batch(lengths, seed=1))
 
 
 def test_padded_forward_of_a_gpu_equals_the_packed_one(bucketing):
