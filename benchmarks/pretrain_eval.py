@@ -24,9 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
+from realm.common.tokenization import load_tokenizer, minilm_dir
 from realm.config import RUN_CONFIG, get_preset
 from realm.data.blocks import BlockStore
 from realm.data.qa_examples import load_qa
+from realm.data.recoverable import SpanFinder
 from realm.data.sentences import SentenceSet, build_sentences
 from realm.eval.intervals import bootstrap_interval, paired_difference
 from realm.eval.mlm import masked_span_accuracy
@@ -83,11 +85,12 @@ def main() -> None:
     )
     k = preset.pretrain.num_candidates
 
+    finder = SpanFinder(store, load_tokenizer(minilm_dir()))  # the cpu preset's tokenizer normalises the words
     print(
         f"\n| run | masked spans (sentences) | token acc. with retrieval ({k} candidates) | null document only "
-        "| gain [95%] | p(null) |"
+        "| gain [95%] | p(null) | recoverable / retrieved spans | gain on retrieved spans [95%] |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, run_dir, *_ in runs:
         model = RealmModel(
             Retriever.load(str(Path(run_dir) / "retriever"), preset.retriever),
@@ -103,11 +106,15 @@ def main() -> None:
             preset.pretrain.max_masks,
             limit=args.limit,
             every_span=args.every_span,
+            finder=finder,
         )
         low, high = r["retrieval_gain_95ci"]
+        retrieved = r["by_recoverability"]["retrieved"]
         print(
             f"| {name} | {r['spans']} ({r['sentences']}) | {r['token_accuracy']:.2f} | {r['null_token_accuracy']:.2f} | "
-            f"{r['retrieval_gain']:+.2f} [{low:+.2f}, {high:+.2f}] | {r['p_null']:.3f} |"
+            f"{r['retrieval_gain']:+.2f} [{low:+.2f}, {high:+.2f}] | {r['p_null']:.3f} | "
+            f"{r['recoverable_share']:.1f}% / {r['retrieved_share']:.1f}% | {retrieved['retrieval_gain']:+.2f} "
+            "[{:+.2f}, {:+.2f}] |".format(*retrieved["retrieval_gain_95ci"])
         )
 
     if not args.qa:

@@ -117,14 +117,17 @@ class PretrainConfig:
     # fixed: only the query tower trains and the first index stays exact (ORQA's fine-tuning); the paper trains both
     doc_tower: Literal["trained", "fixed"] = "trained"
     retriever_frozen_steps: int = 0  # towers keep lr 0 this long, while a fresh head learns to read
-    # the first N steps read the null document alone (masked-LM without retrieval), a cheap warm-up of a fresh head
-    null_warmup_steps: int = 0
+    null_warmup_steps: int = 0  # the first N steps retrieve nothing: a cheap warm-up of a fresh masked-LM head
+    # what the warm-up reads beside the null document: nothing, or (context) the sentence's own block without it
+    reader_warmup: Literal["null", "context"] = "null"
     # learned_weight's b_null (models/realm.py; starts at 0, p(null) 0.5): one scalar, Adam moves it ~this much a step
     null_score_lr: float = 0.05
     warmup_steps: int = 10_000
     num_candidates: int = 8  # including the null document, which is always first
     max_masks: int = 10
     masking: Literal["salient", "random-span", "uniform"] = "salient"
+    # recoverable: mask only salient spans a block of another document holds (data/recoverable.py); any: the paper's
+    salient_spans: Literal["any", "recoverable"] = "any"
     # centre masked queries on their mean embedding, tracked with this momentum a step (against hubness); 0: never
     mask_center_momentum: float = 0.0
     refresh_every: int = 500  # a trained document tower: snapshot for the index builder every N steps; 0: stale index

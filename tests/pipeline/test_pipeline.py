@@ -237,6 +237,7 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
         "baseline_index",
         "ict_index",
         "realm_index",
+        "qa_start",
         "qa",
         "eval",
         "qa_ict",
@@ -261,6 +262,7 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
         "## Configuration",
         "## Stages",
         "## Training curves",
+        "## Where QA fine-tuning started",
         "## Retrieval recall",
         "## Open-QA exact match",
         "## Ablations",
@@ -320,11 +322,23 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     Pipeline(tiny_run, TINY_PIPELINE, said.append).run()  # everything matches: nothing runs again
     assert not [line for line in said if line.endswith(": running") or line.endswith(": resuming")]
 
+    start = json.loads((run / STAGES / "qa_start.json").read_text())["result"]  # the ablations measure REALM's own
+    assert start["retriever"] == "REALM" and start["reader"] == "REALM" and start["fixed"]
+    assert set(start["recall@5"]) == {"off-the-shelf", "ICT", "REALM"}
+    assert json.loads((run / "qa" / "config.json").read_text())["config"]["reader"].endswith("realm/reader")
+
     said.clear()
     changed = dataclasses.replace(TINY_PIPELINE, ict=dataclasses.replace(TINY_PIPELINE.ict, steps=3))
-    Pipeline(dataclasses.replace(tiny_run, ablations=False), changed, said.append).run()
+    report = Pipeline(dataclasses.replace(tiny_run, ablations=False), changed, said.append).run()
     ran = {line.split()[1].rstrip(":") for line in said if line.endswith(": running")}
-    assert {"ict", "realm", "qa", "examples"} <= ran and "corpus" not in ran and "warm_start" not in ran
+    assert {"ict", "realm", "qa_start", "qa", "examples"} <= ran and "corpus" not in ran and "warm_start" not in ran
+    start = json.loads((run / STAGES / "qa_start.json").read_text())["result"]  # the best retriever, a tie the later
+    recall = start["recall@5"]
+    assert not start["fixed"] and start["reader"] == "warm start" and recall[start["retriever"]] == max(recall.values())
+    assert [label for label in recall if recall[label] == max(recall.values())][-1] == start["retriever"]
+    qa_config = json.loads((run / "qa" / "config.json").read_text())["config"]
+    assert qa_config["reader_model"].endswith("warm_start/reader")
+    assert f"Retriever: **{start['retriever']}** (the highest" in report.read_text()
 
 
 def test_a_stopped_run_has_a_report_of_what_finished(tiny_run, monkeypatch):

@@ -587,6 +587,7 @@ def test_training_survives_a_dead_builder(tmp_path, tiny_corpus, monkeypatch):
 
 
 def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
+    from realm.data.recoverable import SpanFinder
     from realm.data.sentences import SentenceSet, build_sentences
     from realm.eval.mlm import masked_span_accuracy
     from realm.index.build import build_index
@@ -625,6 +626,19 @@ def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
     assert each["retrieval_gain"] == pytest.approx(each["token_accuracy"] - each["null_token_accuracy"])
     low, high = each["retrieval_gain_95ci"]
     assert low <= each["retrieval_gain"] <= high
+    # split by where the span is: retrieved (a candidate holds it), else recoverable (another document does), else not
+    finder = SpanFinder(tiny_corpus, model.retriever.tokenizer)
+    split = masked_span_accuracy(
+        model, sentences, tiny_corpus, MipsIndex(tmp_path / "index"), 3, 32, every_span=True, finder=finder
+    )
+    groups = split["by_recoverability"]
+    assert list(groups) == ["retrieved", "recoverable_not_retrieved", "not_recoverable"]
+    assert sum(g["spans"] for g in groups.values()) == split["spans"] == each["spans"]
+    assert split["retrieved_share"] == pytest.approx(100 * groups["retrieved"]["spans"] / split["spans"])
+    assert split["recoverable_share"] >= split["retrieved_share"]
+    assert all(
+        g["retrieval_gain_95ci"][0] <= g["retrieval_gain"] <= g["retrieval_gain_95ci"][1] for g in groups.values()
+    )
 
 
 def test_ict_trains_both_towers_and_resumes(tmp_path, tiny_corpus):
@@ -651,3 +665,26 @@ def test_ict_trains_both_towers_and_resumes(tmp_path, tiny_corpus):
         allow_config_change=True,
     )
     assert [m["step"] for m in _metrics(tmp_path / "ict")] == [1, 2, 3]
+
+
+def test_the_context_warmup_reads_the_own_block_without_the_sentence(tmp_path, tiny_corpus):
+    """--reader-warmup context: the warm-up's one block is the sentence's own, with the sentence cut out; retrieval
+    (and recoverability, logged per step) starts after it."""
+    from realm.data.sentences import OwnBlocks, SentenceSet, build_sentences
+    from realm.recipes.pretrain import train_pretrain
+
+    sentences = SentenceSet(build_sentences(tiny_corpus, progress=False), 0.0)
+    own = OwnBlocks(tiny_corpus)
+    for doc_id, text in zip(sentences.doc_ids, sentences.texts):
+        block, body = own.without(doc_id, text)
+        assert tiny_corpus.take([block])[0].doc_id == doc_id and text in tiny_corpus.take([block])[0].body
+        assert text not in body and len(body) < len(tiny_corpus.take([block])[0].body)
+    assert own.without("paris", "Not a sentence of Paris.") == (-1, "")
+    cfg = dataclasses.replace(TINY_PRESET.pretrain, null_warmup_steps=2, reader_warmup="context")
+    train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", dataclasses.replace(TINY_PRESET, pretrain=cfg),
+                   progress=False)  # fmt: skip
+    metrics = _metrics(tmp_path / "run")
+    assert [m["p_null"] for m in metrics[:2]] == [0.5, 0.5]  # b_null waits for retrieval; the own block is read
+    assert all(m["utility"] != 0.0 for m in metrics[:2])
+    assert ["span_recoverable" in m for m in metrics] == [False, False, True, True]
+    assert all(0 <= m["span_retrieved"] <= m["span_recoverable"] <= 1 for m in metrics[2:])

@@ -110,9 +110,19 @@ def add_commands(commands) -> None:
         help="the first N steps train the reader on the null document alone (no retrieval; cheap steps)",
     )
     pretrain.add_argument(
+        "--reader-warmup",
+        choices=["null", "context"],
+        help="what the warm-up reads: the null document alone, or also the sentence's own block without it",
+    )
+    pretrain.add_argument(
         "--num-candidates", type=positive_int, help="candidates per query, the null document included"
     )
     pretrain.add_argument("--masking", choices=["salient", "random-span", "uniform"])
+    pretrain.add_argument(
+        "--salient-spans",
+        choices=["any", "recoverable"],
+        help="recoverable: mask only salient spans that a block of another document holds",
+    )
     pretrain.add_argument(
         "--refresh-every", type=non_negative_int, help="snapshot for the index builder every N steps; 0: frozen"
     )

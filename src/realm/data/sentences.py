@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerBase
 
 from realm.common.io import clean_partials, write_atomic
 from realm.data.blocks import BlockStore, sentence_starts
+from realm.data.recoverable import SpanFinder
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +156,29 @@ class SentenceSet:
                                                                                         self.spans))
         return kept
 
+    def with_recoverable_spans(self, finder: SpanFinder) -> SentenceSet:
+        """Each sentence's salient spans reduced to those a block of another document holds (data/recoverable.py),
+        i.e. the spans retrieval could give back; a sentence may be left with none."""
+        kept = copy.copy(self)
+        kept.spans = [
+            [(start, end) for start, end in spans if finder.recoverable(text[start:end], doc_id)]
+            for text, spans, doc_id in zip(self.texts, self.spans, self.doc_ids)
+        ]
+        return kept
+
     def for_masking(
-        self, scheme: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int, max_masks: int
+        self,
+        scheme: str,
+        tokenizer: PreTrainedTokenizerBase,
+        max_tokens: int,
+        max_masks: int,
+        recoverable: SpanFinder | None = None,
     ) -> SentenceSet:
         """The sentences `scheme` can mask: under `salient` those with a maskable salient span (the released code skips
-        the others), else all of them. An empty set is refused."""
-        kept = self.with_salient_spans(tokenizer, max_tokens, max_masks) if scheme == "salient" else self
+        the others), and with `recoverable` only spans another document holds; else all of them. An empty set is
+        refused."""
+        kept = self.with_recoverable_spans(recoverable) if recoverable is not None and scheme == "salient" else self
+        kept = kept.with_salient_spans(tokenizer, max_tokens, max_masks) if scheme == "salient" else kept
         if not len(kept):
             raise ValueError(f"no sentence of the corpus can be masked with --masking {scheme}")
         return kept
@@ -168,6 +186,24 @@ class SentenceSet:
     def usage(self) -> dict[str, int | float]:
         """How many of the split's sentences this set holds (after `with_salient_spans`: the salient share)."""
         return {"sentences": self.tagged, "used": len(self), "share_used": round(len(self) / max(1, self.tagged), 4)}
+
+
+class OwnBlocks:
+    """Each sentence's own block with the sentence cut out: what the context warm-up reads (ICT removes the
+    sentence from its context for the retriever; here the reader must find the span elsewhere in the block)."""
+
+    def __init__(self, store: BlockStore):
+        self.store = store
+        self.blocks_of: dict[str, list[int]] = {}
+        for block, doc_id in enumerate(store.column("doc_id")):
+            self.blocks_of.setdefault(doc_id, []).append(block)
+
+    def without(self, doc_id: str, sentence: str) -> tuple[int, str]:
+        """(the block of `doc_id` that holds `sentence`, its body without it); (-1, "") if none holds it."""
+        for block, found in zip(self.blocks_of.get(doc_id, []), self.store.take(self.blocks_of.get(doc_id, []))):
+            if sentence in found.body:
+                return block, " ".join(found.body.replace(sentence, " ", 1).split())
+        return -1, ""
 
 
 def _encode(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> tuple[list[int], list[tuple[int, int]]]:

@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from realm.data.blocks import BlockStore
+from realm.data.recoverable import SpanFinder
 from realm.data.sentences import MaskedQuery, SentenceSet, mask_each_salient_span
 from realm.eval.intervals import bootstrap_interval
 from realm.index.mips import MipsIndex
@@ -25,6 +26,8 @@ from realm.models.realm import RealmBatch, RealmModel, make_batch, pad_queries
 from realm.training import example_rng
 
 EVAL_SEED = 12345
+# a masked span is retrieved (a candidate holds it), else recoverable (another document holds it), else neither
+RECOVERABILITY = ("retrieved", "recoverable_not_retrieved", "not_recoverable")
 
 
 def _masked_queries(
@@ -93,15 +96,20 @@ def masked_span_accuracy(
     limit: int | None = None,
     batch_size: int = 16,
     every_span: bool = False,
-) -> dict[str, float | list[float]]:
+    finder: SpanFinder | None = None,
+) -> dict:
     """Token accuracy, whole-span accuracy, mean p(null) and mean retrieval utility over the masked spans, and
     the token accuracy of the null document alone on the same masks (the same forward pass: the null document
     is candidate 0) with the paired gain of retrieval and its 95% bootstrap interval over sentences (with
-    `every_span`, a sentence's spans are resampled together: they share its words)."""
+    `every_span`, a sentence's spans are resampled together: they share its words). With a `finder`, the
+    shares of spans another document holds (recoverable) and a candidate holds (retrieved), and the gain split
+    by them (`by_recoverability`: retrieval can only help where the span is recoverable)."""
     tokens = correct_tokens = spans = correct_spans = 0
     p_null = utility = 0.0
     rows: list[int] = []
     gains: list[float] = []  # per span: correct tokens with retrieval minus with the null document alone
+    masks: list[int] = []  # per span: its masked tokens
+    groups: list[str] = []  # per span: which of RECOVERABILITY it falls in
     for batch_rows, queries, batch, stats in _scored(
         model, sentences, store, index, num_candidates, query_max_tokens, max_masks, limit, batch_size, every_span
     ):
@@ -115,12 +123,30 @@ def masked_span_accuracy(
         utility += stats["utility"].item() * len(queries)
         rows += batch_rows
         gains += (hits.sum(1) - stats["null_correct"].sum(1)).tolist()
+        masks += valid.sum(1).tolist()
+        if finder is not None:
+            doc_ids = [sentences.doc_ids[i] for i in batch_rows]
+            found = finder.label(batch.masked_texts(model.retriever.tokenizer), doc_ids, batch.candidate_ids[:, 1:])
+            groups += [RECOVERABILITY[0] if hit else RECOVERABILITY[1 + (not rec)] for rec, hit in zip(*found)]
     _, sentence_of = np.unique(np.array(rows), return_inverse=True)
     summed = np.bincount(sentence_of, weights=np.array(gains, dtype=np.float64))  # (S,) over each sentence's spans
     per_sentence = 100 * summed / (tokens / len(summed))  # its mean: the accuracy difference in points
     low, high = bootstrap_interval(per_sentence)
     gain = float(per_sentence.mean())
-    return {
+    per_span = 100 * np.array(gains, dtype=np.float64) / np.maximum(1, masks)  # each span's difference, points
+    recoverability: dict = {}
+    if groups:
+        recoverability["recoverable_share"] = 100 * (1 - groups.count(RECOVERABILITY[2]) / len(groups))
+        recoverability["retrieved_share"] = 100 * groups.count(RECOVERABILITY[0]) / len(groups)
+        recoverability["by_recoverability"] = {}
+        for group in RECOVERABILITY:
+            values = per_span[[g == group for g in groups]]
+            recoverability["by_recoverability"][group] = {
+                "spans": len(values),
+                "retrieval_gain": float(values.mean()) if len(values) else 0.0,
+                "retrieval_gain_95ci": list(bootstrap_interval(values)) if len(values) else [0.0, 0.0],
+            }
+    return recoverability | {
         "token_accuracy": 100 * correct_tokens / tokens,
         "span_accuracy": 100 * correct_spans / spans,
         "null_token_accuracy": 100 * correct_tokens / tokens - gain,
@@ -146,6 +172,7 @@ class WorkedExample:
     p_without_retrieval: float  # prod_j p(y_j | null, x)
     p_with_top_block: float  # prod_j p(y_j | z_top, x)
     p_marginal: float  # prod_j sum_z p(z | x) p(y_j | z, x)
+    top_block_holds_span: bool | None = None  # the span's words are in the top block's body (None: not looked up)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -162,6 +189,7 @@ def worked_examples(
     pool: int = 200,
     count: int = 3,
     batch_size: int = 16,
+    finder: SpanFinder | None = None,
 ) -> list[WorkedExample]:
     """Of the first `pool` held-out sentences, the `count` where the top retrieved block raises p(answer)
     the most (log p(y|z_top,x) minus log p(y|null,x)), so the block shown is the evidence that helped:
@@ -189,6 +217,9 @@ def worked_examples(
                 p_without_retrieval=float(null[b].exp()),
                 p_with_top_block=float(top[b].exp()),
                 p_marginal=float(marginal[b].exp()),
+                top_block_holds_span=finder.retrieved(str(tokenizer.decode(query.targets)), [top_ids[b]])
+                if finder
+                else None,
             )
             scored.append((float(top[b] - null[b]), example))
     scored.sort(key=lambda pair: -pair[0])

@@ -26,7 +26,7 @@ from realm.common.io import write_json_atomic
 from realm.config import EmbedConfig, IndexConfig, RetrieverConfig
 from realm.data.blocks import BlockStore
 from realm.index.build import build_from_retriever
-from realm.index.mips import current_version, read_meta
+from realm.index.mips import BUILDING, current_version, read_meta
 from realm.models.retriever import Retriever
 from realm.training import ONE_PROCESS, Dist, broadcast, on_every_rank
 
@@ -250,3 +250,14 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def share_cores(index_dir: Path, threads: int) -> None:
+    """While the local builder re-embeds the corpus (index/building/ exists), the trainer leaves it a core. On 2
+    cores, trainer and builder threads contending for both ran the trainer at 0.35x of its frozen-index speed,
+    one core each at 0.58x (benchmarks/refresh_overhead.py); between rebuilds the trainer has every core."""
+    import torch
+
+    wanted = max(1, threads - 1) if (index_dir / BUILDING).exists() else threads
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)

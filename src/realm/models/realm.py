@@ -103,6 +103,11 @@ class RealmBatch:
     candidate_mask: torch.Tensor  # (B, K) bool
     candidate_ids: np.ndarray  # (B, K) block ids, NULL_BLOCK first
 
+    def masked_texts(self, tokenizer) -> list[str]:
+        """Each query's masked wordpieces, decoded (its masked span under salient masking)."""
+        targets, valid = self.targets.cpu(), self.mask_valid.cpu()
+        return [tokenizer.decode(row[keep]) for row, keep in zip(targets, valid)]
+
     def to(self, device: torch.device) -> RealmBatch:
         move = lambda d: {k: v.to(device) for k, v in d.items()}  # noqa: E731
         return RealmBatch(
@@ -135,15 +140,21 @@ def pad_queries(
 
 
 def make_batch(
-    queries: list[MaskedQuery], retrieved: np.ndarray, store: BlockStore, tokenizer, corpus_config: CorpusConfig
+    queries: list[MaskedQuery],
+    retrieved: np.ndarray,
+    store: BlockStore,
+    tokenizer,
+    corpus_config: CorpusConfig,
+    bodies: list[str] | None = None,
 ) -> RealmBatch:
-    """Assemble retriever and reader inputs for B queries and their (B, K-1) retrieved block ids."""
+    """Assemble retriever and reader inputs for B queries and their (B, K-1) retrieved block ids; `bodies`
+    (B*(K-1), row-major) replaces the blocks' bodies (the context warm-up's blocks without the sentence)."""
     batch_size, num_retrieved = retrieved.shape
     candidate_ids = np.concatenate([np.full((batch_size, 1), NULL_BLOCK), retrieved], axis=1)  # (B, K)
     flat = retrieved.reshape(-1)
     blocks = dict(zip(flat[flat >= 0].tolist(), store.take(flat[flat >= 0].tolist())))
     titles = [blocks[i].title if i >= 0 else "" for i in flat]
-    bodies = [blocks[i].body if i >= 0 else "" for i in flat]
+    bodies = bodies if bodies is not None else [blocks[i].body if i >= 0 else "" for i in flat]
     docs = pad_batch(*encode_blocks(tokenizer, titles, bodies, corpus_config), tokenizer.pad_token_id) if titles else {}
 
     query, positions, targets, valid = pad_queries(queries, tokenizer.pad_token_id)

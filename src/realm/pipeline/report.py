@@ -101,14 +101,31 @@ def _curves(doc: Document, run_dir: Path, records: dict) -> None:
 
 
 SYSTEM_LABELS = {
-    "dense": "REALM retriever (fine-tuned query tower) + reader",
+    "dense": "{retriever} retriever (fine-tuned query tower) + reader",
     "hybrid": "hybrid: dense + w · BM25 + the same reader",
     "bm25": "BM25 + the same reader",
 }
+READER_REASONS = {
+    "warm start": "at these budgets MiniLM reads spans better than REALM's masked-LM reader (docs/results.md: "
+    "the REALM reader -7.09 EM [-8.89, -5.35] with the retriever fixed)",
+    "REALM": "the ablations measure REALM pretraining, its reader included",
+}
+
+
+def _qa_start(doc: Document, start: dict) -> None:
+    doc.heading("Where QA fine-tuning started")
+    recall = ", ".join(f"{label} {value:.2f}" for label, value in start["recall@5"].items())
+    why = "fixed by --ablations, which compare REALM pretraining" if start["fixed"] else "the highest"
+    doc.paragraph(
+        f"Retriever: **{start['retriever']}** ({why}; zero-shot recall@5 on the first {start['questions']} training "
+        f"questions, before fine-tuning saw them: {recall}). Reader: **{start['reader']}**, because "
+        f"{READER_REASONS[start['reader']]}."
+    )
 
 
 def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
     ev = r["eval"]
+    chosen = r["qa_start"]["retriever"] if "qa_start" in r else "REALM"
     doc.heading("Retrieval recall on the dev questions")
     selection = plan.preset.qa.dev_limit or ev["dense"]["questions"]
     doc.paragraph(
@@ -123,7 +140,7 @@ def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
         for key, values in ev.items()
         if key.startswith("zero_shot/")
     ]
-    rows += [["REALM, fine-tuned query tower", *(ev["dense"].get(k) for k in ks)]]
+    rows += [[f"{chosen}, fine-tuned query tower", *(ev["dense"].get(k) for k in ks)]]
     rows += [["hybrid (fine-tuned query tower + w · BM25)", *(ev["hybrid"].get(k) for k in ks)]]
     doc.table(["retriever", *ks], rows)
     doc.heading("Open-QA exact match")
@@ -132,7 +149,7 @@ def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
         "the questions, and where the errors are: the answer not in the reader's blocks, in them but the "
         "prediction shares no word with it, or shares a word but is not exact (percent of all questions)."
     )
-    systems = {label: ev[kind] for kind, label in SYSTEM_LABELS.items()}
+    systems = {label.format(retriever=chosen): ev[kind] for kind, label in SYSTEM_LABELS.items()}
     if "qa_ict" in r:
         systems["ICT retriever + warm-start reader, fine-tuned (ORQA-style)"] = r["qa_ict"]["dense"]
     rows = []
@@ -193,6 +210,26 @@ def _examples(doc: Document, r: dict, plan: PipelinePlan) -> None:
             f"interval [{low:+.2f}, {high:+.2f}] over {ex['with_retrieval']['sentences']} sentences"
             + (" (excludes 0)." if low > 0 or high < 0 else " (includes 0: no clear gain).")
         )
+    split = ex["with_retrieval"].get("by_recoverability")
+    if split:
+        doc.paragraph(
+            f"Recoverable masked spans (a block of another document holds the span's words): "
+            f"{ex['with_retrieval']['recoverable_share']:.1f}%, the ceiling of what retrieval can give; held by a "
+            f"candidate given to the reader: {ex['with_retrieval']['retrieved_share']:.1f}%. The gain by where the "
+            "span is (token accuracy points, 95% bootstrap interval over spans):"
+        )
+        doc.table(
+            ["masked span", "spans", "retrieval gain", "95% interval"],
+            [
+                [
+                    name.replace("_", " "),
+                    g["spans"],
+                    g["retrieval_gain"],
+                    "[{:+.2f}, {:+.2f}]".format(*g["retrieval_gain_95ci"]),
+                ]
+                for name, g in split.items()
+            ],
+        )
     if "held_out_sentences_tagged" in ex:
         doc.paragraph(
             f"Held-out sentences with a maskable salient span: {ex['held_out_sentences']:,} of "
@@ -211,6 +248,7 @@ def _examples(doc: Document, r: dict, plan: PipelinePlan) -> None:
             "p without retrieval",
             "top retrieved block",
             "p(z|x)",
+            "block holds the span",
             "p with that block",
             "marginal p",
         ],
@@ -221,6 +259,7 @@ def _examples(doc: Document, r: dict, plan: PipelinePlan) -> None:
                 f"{e['p_without_retrieval']:.2e}",
                 f"{e['top_block_title']}: {e['top_block_text'][:240]}",
                 e["p_top_block"],
+                {True: "yes", False: "no"}.get(e.get("top_block_holds_span")),
                 f"{e['p_with_top_block']:.2e}",
                 f"{e['p_marginal']:.2e}",
             ]
@@ -254,6 +293,8 @@ def write_report(
     _configuration(doc, r, plan)
     _stages(doc, records, plan)
     _curves(doc, run_dir, records)
+    if "qa_start" in r:
+        _qa_start(doc, r["qa_start"])
     if "eval" in r:
         _qa_tables(doc, r, plan)
     if has_ablations:
@@ -266,6 +307,8 @@ def write_report(
     results.heading(f"Results of `realm pipeline` ({run_dir.name})", 1)
     results.paragraph(f"Command: `{command}`. Written {time.strftime('%Y-%m-%d')} from the run's own records." + status)
     _configuration(results, r, plan)
+    if "qa_start" in r:
+        _qa_start(results, r["qa_start"])
     if "eval" in r:
         _qa_tables(results, r, plan)
     if has_ablations:

@@ -1,8 +1,8 @@
 """`realm pipeline`: every stage from a corpus to a report, each skipped when its output already matches.
 
     corpus -> warm start -> [QA: off-the-shelf index] -> [budget: calibration, then the plan] -> ICT -> REALM
-           pretraining (first index, asynchronous refresher) -> [QA: ICT and REALM indexes -> fine-tuning ->
-           evaluation (dense, BM25, zero-shot recall)] -> worked examples
+           pretraining (first index, asynchronous refresher) -> [QA: ICT and REALM indexes -> the start (the best
+           retriever by zero-shot recall) -> fine-tuning -> evaluation (dense, BM25, zero-shot recall)] -> examples
            -> [ablations: ICT-only retriever, uniform masking, document tower trained (if the recipe fixes it),
                frozen index; each fine-tuned and evaluated]
     and the report, rewritten after every stage.
@@ -30,6 +30,10 @@ from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metr
 
 log = logging.getLogger(__name__)
 PLANNED_AFTER = ("corpus", "warm_start", "baseline_index", "calibration")  # their seconds count against the budget
+# the reader QA fine-tunes from: at these budgets MiniLM itself reads spans better than REALM's masked-LM reader
+# (docs/results.md, "The retriever with the reader held fixed": the REALM reader -7.09 EM [-8.89, -5.35])
+QA_READERS = {"warm start": "warm_start", "REALM": "realm"}
+QA_READER = "warm start"
 
 
 class Pipeline:
@@ -108,12 +112,8 @@ class Pipeline:
                 retriever_folder, self.run_dir, folder / "index", preset, self.options.progress
             )
 
-        settings = {
-            "after": [r.fingerprint for r in after],
-            "embed": dataclasses.asdict(preset.embed),
-            "index": dataclasses.asdict(preset.index),
-        }
-        return self.stages.run(name, settings, work)
+        settings = {"after": [r.fingerprint for r in after], "embed": dataclasses.asdict(preset.embed)}
+        return self.stages.run(name, settings | {"index": dataclasses.asdict(preset.index)}, work)
 
     def pretrain(self, name: str, preset: Preset, ict: StageRecord, warm: StageRecord) -> StageRecord:
         """REALM pretraining: the trainer builds the first index from the ICT retriever, a builder refreshes it."""
@@ -134,15 +134,8 @@ class Pipeline:
             sentences = json.loads((folder / SENTENCE_USAGE).read_text())
             return last_metrics(folder) | {"index_version": MipsIndex(folder / "index").version, "sentences": sentences}
 
-        return self.stages.run(
-            name,
-            {
-                "after": [ict.fingerprint, warm.fingerprint],
-                "pretrain": dataclasses.asdict(preset.pretrain),
-                "embed": dataclasses.asdict(preset.embed),
-            },
-            work,
-        )
+        settings = {"after": [ict.fingerprint, warm.fingerprint], "pretrain": dataclasses.asdict(preset.pretrain)}
+        return self.stages.run(name, settings | {"embed": dataclasses.asdict(preset.embed)}, work)
 
     def finetune(
         self,
@@ -157,17 +150,9 @@ class Pipeline:
         """Open-QA fine-tuning over a frozen index (and, for the ablations, dense evaluation on all dev questions)."""
 
         def work(folder: Path, resume: bool) -> dict:
+            data = (self.qa_train, self.qa_dev)
             return stage_work.finetune(
-                model_folder,
-                index_folder,
-                reader,
-                self.qa_train,
-                self.qa_dev,
-                preset,
-                folder,
-                resume,
-                self.options.progress,
-                evaluate,
+                model_folder, index_folder, reader, *data, preset, folder, resume, self.options.progress, evaluate
             )
 
         settings = {
@@ -179,9 +164,28 @@ class Pipeline:
         }
         return self.stages.run(name, settings, work)
 
-    def evaluate(self, preset: Preset, qa: StageRecord, zero_shot: dict[str, tuple[StageRecord, Path]]) -> StageRecord:
-        """EM, recall and outcomes of the fine-tuned model with dense, BM25 and hybrid retrieval, and zero-shot
-        recall of each retriever before fine-tuning (`zero_shot`: row label -> (its index stage, the retriever))."""
+    def qa_start(self, preset: Preset, retrievers: dict[str, tuple[StageRecord, Path]]) -> StageRecord:
+        """The retriever and reader QA fine-tunes from (work.py: choose_qa_start), never a worse retriever than the
+        run has, silently; with --ablations REALM's own, whose pretraining the ablations measure."""
+        fixed = "REALM" if self.options.ablations else None
+        folders = {label: (self.run_dir / stage.name / "index", path) for label, (stage, path) in retrievers.items()}
+        reader = fixed or QA_READER
+        after = [stage.fingerprint for stage, _ in retrievers.values()]
+        settings = {
+            "after": after,
+            "fixed": fixed,
+            "reader": reader,
+            "data": describe_input(str(self.options.qa_train)),
+        }
+        work = lambda folder, resume: stage_work.choose_qa_start(folders, self.qa_train, preset, reader, fixed)  # noqa: E731
+        return self.stages.run("qa_start", settings | {"questions": stage_work.SELECTION_QUESTIONS}, work)
+
+    def evaluate(
+        self, preset: Preset, qa: StageRecord, zero_shot: dict[str, tuple[StageRecord, Path]], index_folder: Path
+    ) -> StageRecord:
+        """EM, recall and outcomes of the fine-tuned model with dense (over `index_folder`, its retriever's), BM25
+        and hybrid retrieval, and zero-shot recall of each retriever before fine-tuning (`zero_shot`: row label ->
+        (its index stage, the retriever))."""
         retrievers = {
             label: (self.run_dir / stage.name / "index", folder) for label, (stage, folder) in zero_shot.items()
         }
@@ -189,7 +193,7 @@ class Pipeline:
         def work(folder: Path, resume: bool) -> dict:
             return stage_work.evaluate_systems(
                 self.run_dir / qa.name / "best",
-                self.run_dir / "realm_index" / "index",
+                index_folder,
                 retrievers,
                 self.qa_dev,
                 preset,
@@ -283,18 +287,17 @@ class Pipeline:
         if warm_index is not None:
             ict_index = self.index("ict_index", self.run_dir / "ict" / "retriever", preset, [ict, corpus])
             realm_index = self.index("realm_index", self.run_dir / "realm" / "retriever", preset, [realm, corpus])
-            qa = self.finetune(
-                "qa", self.run_dir / "realm", self.run_dir / "realm_index" / "index", self.paced("qa"), [realm_index]
-            )
-            self.evaluate(
-                preset,
-                qa,
-                {
-                    "off-the-shelf": (warm_index, self.run_dir / "warm_start" / "retriever"),
-                    "ICT": (ict_index, self.run_dir / "ict" / "retriever"),
-                    "REALM": (realm_index, self.run_dir / "realm" / "retriever"),
-                },
-            )
+            retrievers = {
+                "off-the-shelf": (warm_index, self.run_dir / "warm_start" / "retriever"),
+                "ICT": (ict_index, self.run_dir / "ict" / "retriever"),
+                "REALM": (realm_index, self.run_dir / "realm" / "retriever"),
+            }
+            start = self.qa_start(preset, retrievers)
+            index_stage, retriever_folder = retrievers[start.result["retriever"]]
+            index_folder = self.run_dir / index_stage.name / "index"
+            reader = self.run_dir / QA_READERS[start.result["reader"]] / "reader"
+            qa = self.finetune("qa", retriever_folder.parent, index_folder, self.paced("qa"), [start], reader=reader)
+            self.evaluate(preset, qa, retrievers, index_folder)
         self.examples(preset, realm)
         if self.options.ablations:
             self.finetune(

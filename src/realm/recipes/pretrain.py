@@ -4,7 +4,8 @@ Per step: mask one sentence per example; embed the masked queries with the curre
 the current index version for the top candidates; drop the trivial ones (blocks of the sentence's own
 document); prepend the null document; compute the marginal loss of models/realm.py with the current
 towers and reader; step. Between steps the trainer switches to a newer index version if the builder
-published one. Every `refresh_every` steps it saves a retriever snapshot for the builder.
+published one. Every `refresh_every` steps it saves a retriever snapshot for the builder. A warm-up may come
+first: the null document alone, or with the sentence's own block without the sentence (`reader_warmup`).
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from realm.common.device import autocast, default_device, resolve_compute_dtype
 from realm.common.io import write_json_atomic
 from realm.config import Preset, PretrainConfig, record_run_config
 from realm.data.blocks import BlockStore
-from realm.data.sentences import SentenceSet, build_sentences, mask_sentence, sentences_path
+from realm.data.recoverable import SpanFinder
+from realm.data.sentences import OwnBlocks, SentenceSet, build_sentences, mask_sentence, sentences_path
 from realm.index.build import build_from_retriever
-from realm.index.mips import BUILDING, MipsIndex, current_version
-from realm.index.refresh import STOP_FILE, BuilderConfig, RefreshPolicy, save_snapshot, start_builder
+from realm.index.mips import MipsIndex, current_version
+from realm.index.refresh import STOP_FILE, BuilderConfig, RefreshPolicy, save_snapshot, share_cores, start_builder
 from realm.index.search import retrieve
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmBatch, RealmModel, estimate_mask_center, make_batch, pad_queries
@@ -51,6 +53,7 @@ from realm.training import (
 log = logging.getLogger(__name__)
 
 SENTENCE_USAGE = "sentences.json"  # the masking scheme and how many training sentences it could use
+RECOVERABILITY_MAX_BLOCKS = 1_000_000  # above, recoverability is not logged (its lookup holds every block's words)
 
 
 def make_pretrain_batch(
@@ -65,9 +68,11 @@ def make_pretrain_batch(
     block_doc_ids: np.ndarray,
     device: torch.device,
     dtype: torch.dtype,
+    context: OwnBlocks | None = None,
 ) -> RealmBatch:
     """Mask the sentences `rows`, retrieve their candidates from `index` with the current query tower (none
-    without an index: the null document alone), and assemble the reader inputs, on `device`."""
+    without an index: the null document alone, or with `context` also the sentence's own block without it), and
+    assemble the reader inputs, on `device`."""
     tokenizer = model.retriever.tokenizer
     queries = [
         mask_sentence(
@@ -82,6 +87,10 @@ def make_pretrain_batch(
         for i in rows
     ]
     retrieved = np.empty((len(rows), 0), dtype=np.int64)
+    if index is None and context is not None:  # the context warm-up
+        own = [context.without(sentences.doc_ids[i], sentences.texts[i]) for i in rows]
+        retrieved = np.array([[block] for block, _ in own], dtype=np.int64)  # (B, 1)
+        return make_batch(queries, retrieved, store, tokenizer, store.config, [b for _, b in own]).to(device)
     if index is not None:
         query, *_ = pad_queries(queries, tokenizer.pad_token_id)
         with autocast(dtype, device):
@@ -112,15 +121,6 @@ def global_token_mean(loss: torch.Tensor, tokens: torch.Tensor, d: Dist) -> torc
     total = tokens.detach().float().clone()
     dist.all_reduce(total)
     return loss * tokens.float() * d.world_size / total.clamp(min=1)
-
-
-def share_cores(index_dir: Path, threads: int) -> None:
-    """While the local builder re-embeds the corpus (index/building/ exists), the trainer leaves it a core. On 2
-    cores, trainer and builder threads contending for both ran the trainer at 0.35x of its frozen-index speed,
-    one core each at 0.58x (benchmarks/refresh_overhead.py); between rebuilds the trainer has every core."""
-    wanted = max(1, threads - 1) if (index_dir / BUILDING).exists() else threads
-    if torch.get_num_threads() != wanted:
-        torch.set_num_threads(wanted)
 
 
 def train_pretrain(
@@ -156,13 +156,15 @@ def train_pretrain(
         build_sentences(store, progress)  # tag once, cached beside the corpus
     if d.world_size > 1:
         dist.barrier()
-    model = RealmModel(
-        Retriever.load(retriever_spec, preset.retriever), Reader.load(reader_spec, preset.retriever.shape)
-    )
+    retriever = Retriever.load(retriever_spec, preset.retriever)
+    model = RealmModel(retriever, Reader.load(reader_spec, preset.retriever.shape))
+    small = cfg.salient_spans == "recoverable" or len(store) <= RECOVERABILITY_MAX_BLOCKS  # the span lookup
+    finder = SpanFinder(store, model.retriever.tokenizer) if cfg.masking == "salient" and small else None
+    only = finder if cfg.salient_spans == "recoverable" else None
     sentences = SentenceSet(sentences_path(store), cfg.held_out_fraction, held_out=False).for_masking(
-        cfg.masking, model.retriever.tokenizer, preset.retriever.query_max_tokens, cfg.max_masks
+        cfg.masking, model.retriever.tokenizer, preset.retriever.query_max_tokens, cfg.max_masks, only
     )
-    usage = {"masking": cfg.masking, **sentences.usage()}
+    usage = {"masking": cfg.masking, "salient_spans": cfg.salient_spans, **sentences.usage()}
     log.info("pretraining on %d of %d sentences (%s masking)", usage["used"], usage["sentences"], cfg.masking)
     if d.main:
         write_json_atomic(out / SENTENCE_USAGE, usage)
@@ -242,6 +244,7 @@ def train_pretrain(
         builder_config.save(out / "builder.json")
         log.info("external builder: start `realm index refresh --config %s/builder.json ...` to refresh", out)
     index = MipsIndex(index_dir) if retrieval else None
+    context = OwnBlocks(store) if retrieval and cfg.reader_warmup == "context" else None
     # a batch of the null document alone (the baseline, the warm-up) leaves the towers out of the graph
     null_batches = not retrieval or cfg.null_warmup_steps > 0
     trained = DistributedDataParallel(model, find_unused_parameters=null_batches) if d.world_size > 1 else model
@@ -271,6 +274,7 @@ def train_pretrain(
                 block_doc_ids,
                 device,
                 dtype,
+                context,
             )
             with autocast(dtype, device):
                 loss, stats = trained(batch)
@@ -290,9 +294,11 @@ def train_pretrain(
                     out / "builder.log",
                 )
                 builder_warned = True
-            metrics = _mean_over_ranks(
-                {"loss": loss.item(), **{k: v.item() for k, v in stats.items() if v.ndim == 0}}, d
-            )
+            scalars = {"loss": loss.item(), **{k: v.item() for k, v in stats.items() if v.ndim == 0}}
+            if finder is not None and step > cfg.null_warmup_steps:  # masked spans another document / a candidate holds
+                doc_ids, texts = [sentences.doc_ids[i] for i in local], batch.masked_texts(model.retriever.tokenizer)
+                scalars |= finder.shares(texts, doc_ids, batch.candidate_ids[:, 1:])
+            metrics = _mean_over_ranks(scalars, d)
             metrics["lr"] = float(scheduler.get_last_lr()[0])
             if index is not None:
                 metrics["index_version"] = index.version
