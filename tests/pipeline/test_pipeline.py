@@ -337,7 +337,7 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     assert not start["fixed"] and start["reader"] == "warm start" and recall[start["retriever"]] == max(recall.values())
     assert [label for label in recall if recall[label] == max(recall.values())][-1] == start["retriever"]
     qa_config = json.loads((run / "qa" / "config.json").read_text())["config"]
-    assert qa_config["reader_model"].endswith("warm_start/reader")
+    assert qa_config["reader"].endswith("warm_start/reader")
     assert f"Retriever: **{start['retriever']}** (the highest" in report.read_text()
 
 
