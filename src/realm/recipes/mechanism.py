@@ -100,8 +100,7 @@ def twin_queries(store: BlockStore, tokenizer, preset: Preset) -> TwinQueries:
     finder = SpanFinder(store, tokenizer)
     block_of = {doc: b for b, doc in enumerate(store.column("doc_id"))}
     sentences = SentenceSet(sentences_path(store), 0.0)
-    out = TwinQueries([], [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
-    twins, parts = [], []
+    queries, doc_ids, twins, parts = [], [], [], []
     for text, spans, doc in zip(sentences.texts, sentences.spans, sentences.doc_ids):
         pair, side = doc.rsplit(":", 1)
         twin = block_of[f"{pair}:{'b' if side == 'a' else 'a'}"]
@@ -109,12 +108,11 @@ def twin_queries(store: BlockStore, tokenizer, preset: Preset) -> TwinQueries:
         for query in mask_each_salient_span(
             text, only_twin, tokenizer, preset.retriever.query_max_tokens, preset.pretrain.max_masks
         ):
-            out.queries.append(query)
-            out.doc_ids.append(doc)
+            queries.append(query)
+            doc_ids.append(doc)
             twins.append(twin)
             parts.append(PARTS[int(pair) % len(PARTS)])
-    out.twins, out.part = np.array(twins, dtype=np.int64), np.array(parts)
-    return out
+    return TwinQueries(queries, doc_ids, np.array(twins, dtype=np.int64), np.array(parts))
 
 
 def _other_blocks(store: BlockStore, doc_id: str) -> np.ndarray:
