@@ -247,6 +247,7 @@ def test_salient_masking_leaves_out_sentences_without_a_maskable_span(tmp_path, 
     usage = json.loads((tmp_path / "run" / SENTENCE_USAGE).read_text())
     assert usage == {
         "masking": "salient",
+        "salient_spans": "any",
         "sentences": len(every),
         "used": len(kept),
         "share_used": kept.usage()["share_used"],
