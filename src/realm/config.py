@@ -126,8 +126,7 @@ class PretrainConfig:
     num_candidates: int = 8  # including the null document, which is always first
     max_masks: int = 10
     masking: Literal["salient", "random-span", "uniform"] = "salient"
-    # recoverable: mask only salient spans a block of another document holds (data/recoverable.py); any: the paper's
-    salient_spans: Literal["any", "recoverable"] = "any"
+    salient_spans: Literal["any", "recoverable"] = "any"  # recoverable: only those another document holds
     # centre masked queries on their mean embedding, tracked with this momentum a step (against hubness); 0: never
     mask_center_momentum: float = 0.0
     refresh_every: int = 500  # a trained document tower: snapshot for the index builder every N steps; 0: stale index
@@ -191,7 +190,7 @@ class StageCosts:
     ict_step: float = 1.9
     pretrain_step: float = 4.2  # a retrieval step; the index builder shares the cores
     frozen_pretrain_step: float = 2.9  # a retrieval step with no index builder
-    # the query tower alone (--doc-tower fixed); not measured in bf16: the fp32 figure x the refreshing ratio 4.2 / 7.8
+    # the query tower alone (--doc-tower fixed); bf16 not measured: the fp32 figure x the refreshing ratio 4.2 / 7.8
     query_tower_pretrain_step: float = 1.9
     null_pretrain_step: float = 0.5  # the null document alone (--null-warmup-steps): 0.47 s measured
     qa_step: float = 2.4
@@ -223,9 +222,8 @@ class Preset:
     ict: ICTConfig = field(default_factory=ICTConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     qa: QAConfig = field(default_factory=QAConfig)
-    # stage costs with bf16 matmul (the machine the preset is sized for) and in fp32 without it (None: the same)
-    costs: StageCosts = field(default_factory=StageCosts)
-    fp32_costs: StageCosts | None = None
+    costs: StageCosts = field(default_factory=StageCosts)  # with bf16 matmul (the machine the preset is sized for)
+    fp32_costs: StageCosts | None = None  # in fp32, without bf16 matmul (None: the same)
     pipeline_budget_minutes: float | None = None  # `realm pipeline` default; None: the preset's own step counts
 
     def to_dict(self) -> dict:
@@ -247,9 +245,8 @@ PRESETS: dict[str, Preset] = {
         index=IndexConfig(),
         ict=ICTConfig(steps=200, batch_size=32, lr=5e-5, warmup_steps=20, checkpoint_every=50, log_every=5),
         pretrain=PretrainConfig(
-            # docs/results.md, run E: 1,000 steps on the null document (the fresh masked-LM head learns ~10x
-            # cheaper there), then 300 retrieval steps; the towers wait for the warm-up. Only the query tower trains
-            # (docs/results.md, "The query tower alone"): with both, recall on questions fell below the ICT warm start
+            # results.md run E: 1,000 null-document steps (a fresh head learns ~10x cheaper), then 300 retrieval
+            # steps; only the query tower trains ("The query tower alone": with both, recall fell below ICT's)
             steps=1300,
             batch_size=8,
             lr=1e-4,
