@@ -94,6 +94,21 @@ SYSTEMS = ("dense", "bm25", "hybrid")  # the fine-tuned reader with each retriev
 SELECTION_QUESTIONS = 500  # training questions on which the QA start's retriever is chosen (never dev questions)
 
 
+def zero_shot_recall(
+    index_dir: Path, retriever_folder: Path, examples: Sequence[QAExample], ks: Sequence[int], preset: Preset
+) -> dict[str, float]:
+    """recall@k (percent, rounded to 0.01) of a retriever over the index its document tower built."""
+    from realm.eval.retrieval import recall_at_k
+    from realm.index.mips import MipsIndex
+    from realm.index.search import DenseSearcher, search_all
+    from realm.models.retriever import Retriever
+
+    index = MipsIndex(index_dir)
+    retriever = Retriever.load(str(retriever_folder), index.retriever_config(preset.retriever))
+    hits = search_all(DenseSearcher(index, retriever), [e.question for e in examples], max(ks))
+    return {k: round(v, 2) for k, v in recall_at_k(examples, hits, ks).items()}
+
+
 def choose_qa_start(
     retrievers: dict[str, tuple[Path, Path]],
     questions: Sequence[QAExample],
@@ -105,18 +120,10 @@ def choose_qa_start(
     folder, the retriever folder), in stage order; a tie goes to the later stage) on the first SELECTION_QUESTIONS
     training questions, which fine-tuning has not yet seen; the dev questions stay for the report. `fixed`: that
     label whatever the recall (still measured). `reader`: the label of the reader start, recorded beside it."""
-    from realm.eval.retrieval import recall_at_k
-    from realm.index.mips import MipsIndex
-    from realm.index.search import DenseSearcher, search_all
-    from realm.models.retriever import Retriever
-
     sample = list(questions[:SELECTION_QUESTIONS])
-    recall = {}
-    for label, (index_dir, retriever_folder) in retrievers.items():
-        index = MipsIndex(index_dir)
-        retriever = Retriever.load(str(retriever_folder), index.retriever_config(preset.retriever))
-        hits = search_all(DenseSearcher(index, retriever), [e.question for e in sample], 5)
-        recall[label] = round(recall_at_k(sample, hits, [5])["recall@5"], 2)
+    recall = {
+        label: zero_shot_recall(*folders, sample, (5,), preset)["recall@5"] for label, folders in retrievers.items()
+    }
     best = fixed or max(reversed(list(recall)), key=recall.__getitem__)  # reversed: a tie goes to the later stage
     return {
         "retriever": best,
@@ -140,10 +147,6 @@ def evaluate_systems(
     (label -> (its index folder, the retriever folder))."""
     from realm.eval.answerer import load_answerer
     from realm.eval.qa import compare_predictions, evaluate_qa
-    from realm.eval.retrieval import recall_at_k
-    from realm.index.mips import MipsIndex
-    from realm.index.search import DenseSearcher, search_all
-    from realm.models.retriever import Retriever
 
     result: dict = {}
     for kind in SYSTEMS:
@@ -153,12 +156,8 @@ def evaluate_systems(
         f"{a} - {b}": compare_predictions(folder / f"predictions_{a}.jsonl", folder / f"predictions_{b}.jsonl")
         for a, b in (("dense", "bm25"), ("hybrid", "bm25"), ("hybrid", "dense"))
     }
-    questions = [e.question for e in dev]
     for label, (index_dir, retriever_folder) in zero_shot.items():
-        index = MipsIndex(index_dir)
-        retriever = Retriever.load(str(retriever_folder), index.retriever_config(preset.retriever))
-        hits = search_all(DenseSearcher(index, retriever), questions, max(RECALL_KS))
-        result[f"zero_shot/{label}"] = {k: round(v, 2) for k, v in recall_at_k(dev, hits, RECALL_KS).items()}
+        result[f"zero_shot/{label}"] = zero_shot_recall(index_dir, retriever_folder, dev, RECALL_KS, preset)
     return result
 
 

@@ -115,11 +115,6 @@ def twin_queries(store: BlockStore, tokenizer, preset: Preset) -> TwinQueries:
     return TwinQueries(queries, doc_ids, np.array(twins, dtype=np.int64), np.array(parts))
 
 
-def _other_blocks(store: BlockStore, doc_id: str) -> np.ndarray:
-    """The blocks of every document but `doc_id`."""
-    return np.flatnonzero(np.array(store.column("doc_id"), dtype=object) != doc_id)
-
-
 @torch.no_grad()
 def measure(
     model: RealmModel, store: BlockStore, twins: TwinQueries, num_candidates: int, batch_size: int = 16
@@ -177,6 +172,7 @@ def _train(
     scheduler = linear_schedule(optimizer, max(1, steps // 10), steps)
     rng = np.random.default_rng(cfg.seed + reader_phase)
     train = np.flatnonzero(twins.part == "towers")
+    block_docs = np.array(store.column("doc_id"), dtype=object)  # read once, not per example
     losses = []
     for _ in range(steps):
         rows = rng.choice(train, min(cfg.batch_size, len(train)), replace=False)
@@ -185,7 +181,9 @@ def _train(
         if not reader_phase:  # (B, K-1): the twin among K-2 blocks of other documents drawn at random
             drawn = [
                 rng.choice(
-                    np.setdiff1d(_other_blocks(store, doc), twins.twins[[i]]), cfg.num_candidates - 2, replace=False
+                    np.setdiff1d(np.flatnonzero(block_docs != doc), twins.twins[[i]]),
+                    cfg.num_candidates - 2,
+                    replace=False,
                 )
                 for doc, i in zip(doc_ids, rows)
             ]
