@@ -118,8 +118,8 @@ class PretrainConfig:
     doc_tower: Literal["trained", "fixed"] = "trained"
     retriever_frozen_steps: int = 0  # towers keep lr 0 this long, while a fresh head learns to read
     null_warmup_steps: int = 0  # the first N steps retrieve nothing: a cheap warm-up of a fresh masked-LM head
-    # what the warm-up reads beside the null document: nothing, or (context) the sentence's own block without it
-    reader_warmup: Literal["null", "context"] = "null"
+    # what the warm-up reads besides the null document: nothing, one block (context, holder: recipes/warmup.py)
+    reader_warmup: Literal["null", "context", "holder"] = "null"
     # learned_weight's b_null (models/realm.py; starts at 0, p(null) 0.5): one scalar, Adam moves it ~this much a step
     null_score_lr: float = 0.05
     warmup_steps: int = 10_000

@@ -111,8 +111,9 @@ def add_commands(commands) -> None:
     )
     pretrain.add_argument(
         "--reader-warmup",
-        choices=["null", "context"],
-        help="what the warm-up reads: the null document alone, or also the sentence's own block without it",
+        choices=["null", "context", "holder"],
+        help="what the warm-up reads beside the null document: nothing, the sentence's own block without it "
+        "(context), or the best-scored block of another document that holds the masked span (holder)",
     )
     pretrain.add_argument(
         "--num-candidates", type=positive_int, help="candidates per query, the null document included"

@@ -130,8 +130,12 @@ def calibrate(
     )
     measured["embed_blocks_per_second"] = len(store) / embedding
     retrieval = preset.pretrain.num_candidates > 1
+    # the holder warm-up reads one block where another document holds the span, which the sample rarely has: its
+    # cost is the context warm-up's (one block for every sentence), an upper bound
+    reading = "context" if preset.pretrain.reader_warmup == "holder" else preset.pretrain.reader_warmup
     pretrain = dataclasses.replace(
         preset.pretrain,
+        reader_warmup=reading,
         steps=2 * steps if retrieval else steps,
         null_warmup_steps=steps if retrieval else 0,
         retriever_frozen_steps=steps if retrieval else 0,

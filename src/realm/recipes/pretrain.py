@@ -5,7 +5,7 @@ the current index version for the top candidates; drop the trivial ones (blocks 
 document); prepend the null document; compute the marginal loss of models/realm.py with the current
 towers and reader; step. Between steps the trainer switches to a newer index version if the builder
 published one. Every `refresh_every` steps it saves a retriever snapshot for the builder. A warm-up may come
-first: the null document alone, or with the sentence's own block without the sentence (`reader_warmup`).
+first: the null document alone, or with one block (`reader_warmup`, recipes/warmup.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from realm.common.io import write_json_atomic
 from realm.config import Preset, PretrainConfig, record_run_config
 from realm.data.blocks import BlockStore
 from realm.data.recoverable import SpanFinder
-from realm.data.sentences import OwnBlocks, SentenceSet, build_sentences, mask_sentence, sentences_path
+from realm.data.sentences import SentenceSet, build_sentences, mask_sentence, sentences_path
 from realm.index.build import build_from_retriever
 from realm.index.mips import MipsIndex, current_version
 from realm.index.refresh import STOP_FILE, BuilderConfig, RefreshPolicy, save_snapshot, share_cores, start_builder
@@ -34,6 +34,7 @@ from realm.index.search import retrieve
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmBatch, RealmModel, estimate_mask_center, make_batch, pad_queries
 from realm.models.retriever import Retriever
+from realm.recipes.warmup import WarmupReading, warmup_reading
 from realm.training import (
     DataOrder,
     DataPosition,
@@ -68,11 +69,11 @@ def make_pretrain_batch(
     block_doc_ids: np.ndarray,
     device: torch.device,
     dtype: torch.dtype,
-    context: OwnBlocks | None = None,
+    warmup: WarmupReading | None = None,
 ) -> RealmBatch:
     """Mask the sentences `rows`, retrieve their candidates from `index` with the current query tower (none
-    without an index: the null document alone, or with `context` also the sentence's own block without it), and
-    assemble the reader inputs, on `device`."""
+    without an index: the null document alone, or with `warmup` also its block), and assemble the reader inputs,
+    on `device`."""
     tokenizer = model.retriever.tokenizer
     queries = [
         mask_sentence(
@@ -86,23 +87,17 @@ def make_pretrain_batch(
         )
         for i in rows
     ]
-    retrieved = np.empty((len(rows), 0), dtype=np.int64)
-    if index is None and context is not None:  # the context warm-up
-        own = [context.without(sentences.doc_ids[i], sentences.texts[i]) for i in rows]
-        retrieved = np.array([[block] for block, _ in own], dtype=np.int64)  # (B, 1)
-        return make_batch(queries, retrieved, store, tokenizer, store.config, [b for _, b in own]).to(device)
-    if index is not None:
+    doc_ids = [sentences.doc_ids[i] for i in rows]
+    bodies, retrieved = None, np.empty((len(rows), 0), dtype=np.int64)  # without an index: the null document alone
+    if index is None and warmup is not None:  # the warm-up's one block, (B, 1)
+        texts = [sentences.texts[i] for i in rows]
+        retrieved, bodies = warmup.blocks(model.retriever, queries, texts, doc_ids, dtype, device)
+    elif index is not None:
         query, *_ = pad_queries(queries, tokenizer.pad_token_id)
         with autocast(dtype, device):
-            retrieved = retrieve(
-                model,
-                index,
-                {k: v.to(device) for k, v in query.items()},
-                block_doc_ids,
-                [sentences.doc_ids[i] for i in rows],
-                cfg.num_candidates - 1,
-            )
-    return make_batch(queries, retrieved, store, tokenizer, store.config).to(device)
+            query = {k: v.to(device) for k, v in query.items()}
+            retrieved = retrieve(model, index, query, block_doc_ids, doc_ids, cfg.num_candidates - 1)
+    return make_batch(queries, retrieved, store, tokenizer, store.config, bodies).to(device)
 
 
 def _mean_over_ranks(values: dict[str, float], d: Dist) -> dict[str, float]:
@@ -139,8 +134,8 @@ def train_pretrain(
     cfg = preset.pretrain
     if cfg.num_candidates > 1 and cfg.null_warmup_steps >= cfg.steps:
         raise ValueError(
-            f"--steps {cfg.steps} leaves no retrieval step after the null-document warm-up of {cfg.null_warmup_steps} "
-            f"steps ({preset.name} preset): pass --null-warmup-steps below --steps (0: none)"
+            f"--steps {cfg.steps} leaves no retrieval step after the warm-up of {cfg.null_warmup_steps} steps "
+            f"({preset.name} preset): pass --null-warmup-steps below --steps (0: none)"
         )
     d = setup_distributed()
     device = default_device()
@@ -159,7 +154,8 @@ def train_pretrain(
     retriever = Retriever.load(retriever_spec, preset.retriever)
     model = RealmModel(retriever, Reader.load(reader_spec, preset.retriever.shape))
     small = cfg.salient_spans == "recoverable" or len(store) <= RECOVERABILITY_MAX_BLOCKS  # the span lookup
-    finder = SpanFinder(store, model.retriever.tokenizer) if cfg.masking == "salient" and small else None
+    needed = cfg.masking == "salient" or cfg.reader_warmup == "holder"
+    finder = SpanFinder(store, model.retriever.tokenizer) if needed and small else None
     only = finder if cfg.salient_spans == "recoverable" else None
     sentences = SentenceSet(sentences_path(store), cfg.held_out_fraction, held_out=False).for_masking(
         cfg.masking, model.retriever.tokenizer, preset.retriever.query_max_tokens, cfg.max_masks, only
@@ -244,7 +240,7 @@ def train_pretrain(
         builder_config.save(out / "builder.json")
         log.info("external builder: start `realm index refresh --config %s/builder.json ...` to refresh", out)
     index = MipsIndex(index_dir) if retrieval else None
-    context = OwnBlocks(store) if retrieval and cfg.reader_warmup == "context" else None
+    warmup = warmup_reading(cfg.reader_warmup, store, finder, index) if retrieval else None
     # a batch of the null document alone (the baseline, the warm-up) leaves the towers out of the graph
     null_batches = not retrieval or cfg.null_warmup_steps > 0
     trained = DistributedDataParallel(model, find_unused_parameters=null_batches) if d.world_size > 1 else model
@@ -274,7 +270,7 @@ def train_pretrain(
                 block_doc_ids,
                 device,
                 dtype,
-                context,
+                warmup,
             )
             with autocast(dtype, device):
                 loss, stats = trained(batch)

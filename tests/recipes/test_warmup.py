@@ -1,0 +1,85 @@
+"""The holder warm-up: each masked sentence reads the best-scored block of another document holding its span."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import torch
+from conftest import DOCS, TINY_CORPUS, build_tiny_index
+from test_pretrain import TINY_PRESET
+
+from realm.data.blocks import BlockStore, build_corpus
+from realm.data.recoverable import SpanFinder
+from realm.data.sentences import SentenceSet, build_sentences, mask_each_salient_span
+from realm.index.mips import MipsIndex
+from realm.models.mlm_reader import Reader
+from realm.models.realm import NULL_BLOCK, RealmModel
+from realm.recipes.pretrain import make_pretrain_batch, train_pretrain
+from realm.recipes.warmup import best_holders, warmup_reading
+
+FAIR_DOCS = [  # "1889" is Paris's and two other documents'; "Japan" is Tokyo's alone
+    {"id": "eiffel", "title": "Gustave Eiffel", "text": "Gustave Eiffel's company built a tower in 1889."},
+    {"id": "fair", "title": "Exposition Universelle", "text": "The world's fair of 1889 was held in Paris."},
+]
+
+
+def _store(tmp_path, tokenizer) -> BlockStore:
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in DOCS + FAIR_DOCS))
+    build_corpus([str(path)], tmp_path / "corpus", tokenizer, TINY_CORPUS, progress=False)
+    return BlockStore(tmp_path / "corpus")
+
+
+def test_best_holders_picks_the_highest_scored_block_of_another_document(tmp_path, tokenizer, tiny_retriever):
+    store = _store(tmp_path, tokenizer)
+    build_tiny_index(store, tiny_retriever, tmp_path / "index")
+    index = MipsIndex(tmp_path / "index")
+    finder = SpanFinder(store, tokenizer)
+    doc_of = {doc: block for block, doc in enumerate(store.column("doc_id"))}
+    paris, eiffel, fair = index.stored_vectors(np.array([doc_of["paris"], doc_of["eiffel"], doc_of["fair"]]))
+    towards_fair = fair - eiffel  # q . fair - q . eiffel = |fair - eiffel|^2 > 0
+    spans, sources = ["1889", "1889", "Japan", "Atlantis"], ["paris", "paris", "tokyo", "paris"]
+    picked = best_holders(finder, index, np.stack([towards_fair, -towards_fair, fair, fair]), spans, sources)
+    assert picked[:, 0].tolist() == [doc_of["fair"], doc_of["eiffel"], NULL_BLOCK, NULL_BLOCK]
+    # the sentence's own document never counts, however high it scores
+    expected = doc_of["paris"] if paris @ fair > eiffel @ fair else doc_of["eiffel"]
+    assert best_holders(finder, index, fair[None], ["1889"], ["fair"])[0, 0] == expected
+
+
+def test_the_holder_warmup_reads_a_block_of_another_document_holding_the_span(tmp_path, tokenizer, tiny_retriever):
+    store = _store(tmp_path, tokenizer)
+    build_tiny_index(store, tiny_retriever, tmp_path / "run" / "index")
+    index, finder = MipsIndex(tmp_path / "run" / "index"), SpanFinder(store, tokenizer)
+    cfg = dataclasses.replace(TINY_PRESET.pretrain, null_warmup_steps=2, reader_warmup="holder")
+    sentences = SentenceSet(build_sentences(store, progress=False), 0.0)
+    max_tokens = TINY_PRESET.retriever.query_max_tokens
+    rows = np.array([i for i, (text, spans) in enumerate(zip(sentences.texts, sentences.spans))
+                     if mask_each_salient_span(text, spans, tokenizer, max_tokens, cfg.max_masks)])  # fmt: skip
+    model = RealmModel(tiny_retriever, Reader.load("random", TINY_PRESET.retriever.shape))
+    block_doc_ids = np.array(store.column("doc_id"), dtype=object)
+    warmup = warmup_reading("holder", store, finder, index)
+    batch = make_pretrain_batch(model, None, sentences, rows, 0, cfg, max_tokens, store, block_doc_ids,
+                                torch.device("cpu"), torch.float32, warmup)  # fmt: skip
+    assert batch.candidate_ids.shape == (len(rows), 2) and (batch.candidate_ids[:, 0] == NULL_BLOCK).all()
+    texts, sources = batch.masked_texts(tokenizer), [sentences.doc_ids[i] for i in rows]
+    recoverable, held = finder.label(texts, sources, batch.candidate_ids[:, 1:])
+    assert recoverable == held  # a holder exactly where another document holds the span
+    assert any(recoverable) and not all(recoverable)
+    read = batch.candidate_ids[:, 1]
+    assert all(block_doc_ids[z] != source for z, source in zip(read, sources) if z >= 0)
+    assert (read >= 0).tolist() == recoverable
+    assert warmup_reading("null", store, finder, index) is None
+
+
+def test_pretraining_with_the_holder_warmup(tmp_path, tokenizer):
+    store = _store(tmp_path, tokenizer)
+    cfg = dataclasses.replace(TINY_PRESET.pretrain, null_warmup_steps=2, reader_warmup="holder")
+    train_pretrain(store.folder, tmp_path / "run", "random", "random", dataclasses.replace(TINY_PRESET, pretrain=cfg),
+                   progress=False)  # fmt: skip
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    # b_null waits for retrieval: p(null) is 1/2 beside a holder, 1 where no other document holds the span
+    assert all(0.5 <= m["p_null"] <= 1.0 for m in metrics[:2]) and min(m["p_null"] for m in metrics[:2]) < 1.0
+    assert ["span_recoverable" in m for m in metrics] == [False, False, True, True]
