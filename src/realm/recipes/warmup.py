@@ -44,9 +44,10 @@ class WarmupReading:
     """The one block each masked sentence reads in the warm-up (`context` or `holder`, see the module's doc)."""
 
     def __init__(self, kind: str, store: BlockStore, finder: SpanFinder | None, index: MipsIndex | None):
+        if kind not in ("context", "holder"):
+            raise ValueError(f"unknown warm-up reading {kind!r}: context or holder")
         if kind == "holder" and (finder is None or index is None):
             raise ValueError("the holder warm-up needs the span lookup and an index (a corpus of at most 1M blocks)")
-        self.kind = kind
         self.own = OwnBlocks(store) if kind == "context" else None
         self.finder, self.index = finder, index
 
