@@ -33,9 +33,10 @@ SAMPLE_QUESTIONS = 32  # dev questions scored to cost evaluation
 UNTIMED_STEPS = 2
 TIMED_STEPS = 6
 NEVER = 10**9  # no checkpoint inside the timed steps
-# Not timed here: what follows training, the worked examples and the report (52 s with the cpu preset at 1fa5410;
-# the process start, the corpus and the warm start are measured stages, counted before planning)
-FINAL_SECONDS = 60.0
+# Not timed here: what follows training, the worked examples and the report (85 s in fp32 with 400 held-out
+# sentences scored; every one of them since, ~1,000 on the README corpus; the process start, the corpus and the
+# warm start are measured stages, counted before planning)
+FINAL_SECONDS = 150.0
 
 
 def calibration_settings(preset: Preset) -> dict:
