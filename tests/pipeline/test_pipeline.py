@@ -14,7 +14,14 @@ from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
 from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, StageCosts, get_preset
 from realm.index.mips import read_meta
 from realm.pipeline.calibrate import FINAL_SECONDS
-from realm.pipeline.plan import PipelineOptions, Workload, costed_for, plan_pipeline, pretrain_step_seconds
+from realm.pipeline.plan import (
+    PipelineOptions,
+    Workload,
+    costed_for,
+    plan_pipeline,
+    pretrain_step_seconds,
+    scale_preset,
+)
 from realm.pipeline.run import Pipeline
 from realm.pipeline.stages import STAGES, Stages, describe_input
 
@@ -341,6 +348,20 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     assert f"Retriever: **{start['retriever']}** (the highest" in report.read_text()
 
 
+def test_without_ict_realm_starts_from_the_warm_start_and_its_index(tiny_run):
+    no_ict = dataclasses.replace(TINY_PIPELINE, ict=dataclasses.replace(TINY_PIPELINE.ict, steps=0))
+    assert scale_preset(no_ict, 3.0, len(QUESTIONS)).ict.steps == 0  # a budget never adds an ICT stage
+    report = Pipeline(dataclasses.replace(tiny_run, ablations=False), no_ict, lambda _: None).run()
+    run = tiny_run.run_dir
+    assert not (run / STAGES / "ict.json").exists() and not (run / STAGES / "ict_index.json").exists()
+    realm = json.loads((run / "realm" / "config.json").read_text())["config"]
+    assert Path(realm["retriever_model"]) == run / "warm_start" / "retriever"
+    assert read_meta(run / "realm" / "index", 1).reused_from  # the off-the-shelf index's embeddings, not rebuilt
+    start = json.loads((run / STAGES / "qa_start.json").read_text())["result"]
+    assert set(start["recall@5"]) == {"off-the-shelf", "REALM"}
+    assert "| ICT | none: REALM starts from the warm start |" in report.read_text()
+
+
 def test_a_stopped_run_has_a_report_of_what_finished(tiny_run, monkeypatch):
     def killed(*args, **kwargs):
         raise RuntimeError("killed")
@@ -368,7 +389,7 @@ def test_curves_are_smoothed_with_a_debiased_moving_average(tmp_path):
 
 def test_a_budget_is_planned_from_costs_measured_here_and_a_rerun_keeps_its_plan(tiny_run, monkeypatch):
     preset = dataclasses.replace(TINY_PIPELINE, costs=StageCosts(fixed_seconds=0.0))
-    options = dataclasses.replace(tiny_run, ablations=False, budget_minutes=3)
+    options = dataclasses.replace(tiny_run, ablations=False, budget_minutes=5)
     said: list[str] = []
     pipeline = Pipeline(options, preset, said.append)
     corpus, warm = pipeline.corpus(), pipeline.warm_start()
@@ -400,7 +421,7 @@ def test_a_budget_is_planned_from_costs_measured_here_and_a_rerun_keeps_its_plan
         for s in ("corpus", "warm_start", "baseline_index", "calibration")
     )
     assert plan.spent_seconds == pytest.approx(spent)  # what came before the plan counts against the budget
-    assert plan.estimated_minutes == pytest.approx(3, rel=0.02) and plan.scale > 1
+    assert plan.estimated_minutes == pytest.approx(5, rel=0.02) and plan.scale > 1
     recorded = json.loads((options.run_dir / "plan.json").read_text())
     assert recorded["calibration"] == measured and recorded["costs"]["ict_step"] == measured["ict_step"]
     assert "measured on this machine" in recorded["costs"]["source"]

@@ -20,6 +20,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     preset = get_preset(args.preset)
     if args.retriever:
         preset = dataclasses.replace(preset, qa=dataclasses.replace(preset.qa, retriever=args.retriever))
+    if args.ict_steps is not None:
+        preset = dataclasses.replace(preset, ict=dataclasses.replace(preset.ict, steps=args.ict_steps))
     if args.dtype:  # every trainer, embedder and evaluator computes in it; the calibration measures in it
         preset = dataclasses.replace(preset, embed=dataclasses.replace(preset.embed, compute_dtype=args.dtype))
     budget = None if args.budget_minutes == 0 else (args.budget_minutes or preset.pipeline_budget_minutes)
@@ -51,6 +53,12 @@ def add_commands(commands) -> None:
         "--retriever",
         choices=["dense", "hybrid"],
         help="what QA fine-tuning retrieves with (default: preset); evaluation reports dense, BM25 and hybrid",
+    )
+    pipeline.add_argument(
+        "--ict-steps",
+        type=int,
+        help="ICT steps before REALM, before the budget scales them (default: preset); 0: none, REALM starts from "
+        "the warm start",
     )
     pipeline.add_argument(
         "--ablations",

@@ -112,15 +112,16 @@ def calibrate(
     steps = UNTIMED_STEPS + TIMED_STEPS
     measured: dict[str, float] = {"blocks": len(store)}
 
-    ict = dataclasses.replace(preset.ict, steps=steps, warmup_steps=1, checkpoint_every=NEVER, log_every=1)
-    train_ict(
-        store.folder,
-        folder / "ict",
-        str(warm_start / "retriever"),
-        dataclasses.replace(preset, ict=ict),
-        progress=False,
-    )
-    measured["ict_step"] = step_seconds(folder / "ict", UNTIMED_STEPS, steps)
+    if preset.ict.steps:  # 0: the run has no ICT stage
+        ict = dataclasses.replace(preset.ict, steps=steps, warmup_steps=1, checkpoint_every=NEVER, log_every=1)
+        train_ict(
+            store.folder,
+            folder / "ict",
+            str(warm_start / "retriever"),
+            dataclasses.replace(preset, ict=ict),
+            progress=False,
+        )
+        measured["ict_step"] = step_seconds(folder / "ict", UNTIMED_STEPS, steps)
 
     tag_salient_spans([], progress=False)  # the tagger's import, outside the timing
     measured["tag_blocks_per_second"] = len(store) / _timed(lambda: build_sentences(store, progress=False))

@@ -73,7 +73,8 @@ class PipelinePlan:
         p, budget = self.preset, self.budget_minutes
         fits = f" for a budget of {budget:g} min (training steps x{self.scale:.2f})" if budget else ""
         qa = f", QA {p.qa.steps} steps" if p.qa.steps else ""
-        steps = f"ICT {p.ict.steps} steps, REALM {p.pretrain.steps} steps{qa}"
+        ict = f"ICT {p.ict.steps} steps" if p.ict.steps else "no ICT"
+        steps = f"{ict}, REALM {p.pretrain.steps} steps{qa}"
         return f"{self.estimated_minutes:.0f} min estimated with {p.costs.source}{fits}; {steps}"
 
     def to_dict(self) -> dict:
@@ -106,7 +107,7 @@ def scale_preset(preset: Preset, scale: float, qa_train: int) -> Preset:
     )
     ict = dataclasses.replace(
         ict,
-        steps=_scaled(ict.steps, scale, MIN_TRAINING_STEPS),
+        steps=_scaled(ict.steps, scale, MIN_TRAINING_STEPS) if ict.steps else 0,  # 0: no ICT stage
         warmup_steps=_scaled(ict.warmup_steps, scale),
         checkpoint_every=_scaled(ict.checkpoint_every, scale),
     )
@@ -153,25 +154,24 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     qa_steps = preset.qa.total_steps(work.qa_train) if work.qa_train else 0
     scoring = qa_scoring_seconds(preset, work, qa_steps) if work.qa_train else 0.0
     pretrain_steps = preset.pretrain.steps
+    # An index whose document tower already built one in the run copies its embeddings (pipeline/work.py:
+    # run_indexes). REALM's first index is its start's: ICT's, embedded by the REALM stage, or without ICT the warm
+    # start's, which QA runs build before planning (QA is calibrated on it); a fixed document tower's later indexes
+    # are copies of the first.
+    first_index = 0.0 if not preset.ict.steps and work.qa_train else embed
+    reembed = 0.0 if preset.pretrain.doc_tower == "fixed" else embed
     stages = [
         StageEstimate("ict", preset.ict.steps, c.ict_step, 0.0),
         StageEstimate(
             "realm",
             pretrain_steps,
             pretrain_step_seconds(preset.pretrain, c),
-            (work.blocks / c.tag_blocks_per_second) + embed,
+            (work.blocks / c.tag_blocks_per_second) + first_index,
         ),
     ]
-    # An index whose document tower already built one in the run copies its embeddings (pipeline/work.py:
-    # run_indexes): with a fixed document tower, every REALM index is the ICT tower's, embedded once (the REALM
-    # stage's first index); a trained one's first index is the ICT tower's too. The off-the-shelf index is built
-    # before planning (QA is calibrated on it).
-    reembed = 0.0 if preset.pretrain.doc_tower == "fixed" else embed
     if work.qa_train:
-        stages += [
-            StageEstimate("ict_index", 0, 0.0, reembed),
-            StageEstimate("realm_index", 0, 0.0, reembed),
-        ]
+        stages += [StageEstimate("ict_index", 0, 0.0, reembed)] if preset.ict.steps else []
+        stages += [StageEstimate("realm_index", 0, 0.0, reembed)]
         stages += [
             StageEstimate("qa", qa_steps, c.qa_step, scoring),
             StageEstimate("eval", 0, 0.0, 3 * work.qa_dev * c.qa_question),

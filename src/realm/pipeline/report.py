@@ -38,7 +38,12 @@ def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
                 f"{preset.corpus.max_block_tokens} wordpieces (fingerprint {corpus.get('fingerprint')})",
             ],
             ["warm start", r.get("warm_start", {}).get("model")],
-            ["ICT", f"{preset.ict.steps} steps, batch {preset.ict.batch_size}, lr {preset.ict.lr:g}"],
+            [
+                "ICT",
+                f"{preset.ict.steps} steps, batch {preset.ict.batch_size}, lr {preset.ict.lr:g}"
+                if preset.ict.steps
+                else "none: REALM starts from the warm start",
+            ],
             [
                 "REALM pretraining",
                 f"{preset.pretrain.steps} steps, batch {preset.pretrain.batch_size}, lr {preset.pretrain.lr:g}, "
@@ -151,7 +156,8 @@ def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
     )
     systems = {label.format(retriever=chosen): ev[kind] for kind, label in SYSTEM_LABELS.items()}
     if "qa_ict" in r:
-        systems["ICT retriever + warm-start reader, fine-tuned (ORQA-style)"] = r["qa_ict"]["dense"]
+        start = "ICT retriever" if plan.preset.ict.steps else "warm-start retriever (no ICT)"
+        systems[f"{start} + warm-start reader, fine-tuned (ORQA-style)"] = r["qa_ict"]["dense"]
     rows = []
     for label, result in systems.items():
         low, high = result.get("exact_match_95ci", (None, None))
@@ -277,9 +283,9 @@ def write_report(
     run_dir = Path(run_dir)
     r = {name: record.result for name, record in records.items()}
     planned = {s.name for s in plan.stages}
-    doc_tower = plan.preset.pretrain.doc_tower
-    has_ablations = MAIN_QA in r and any(a.other_stage in planned for a in ablations(doc_tower))
-    compared = ablation_rows(r, run_dir, doc_tower) if has_ablations else []  # read once, shown twice
+    doc_tower, ict = plan.preset.pretrain.doc_tower, plan.preset.ict.steps > 0
+    has_ablations = MAIN_QA in r and any(a.other_stage in planned for a in ablations(doc_tower, ict))
+    compared = ablation_rows(r, run_dir, doc_tower, ict) if has_ablations else []  # read once, shown twice
     status = (
         "" if complete else f" **In progress:** {len(records)} stages done; the Stages table lists those still pending."
     )

@@ -1,6 +1,6 @@
 """`realm pipeline`: every stage from a corpus to a report, each skipped when its output already matches.
 
-    corpus -> warm start -> [QA: off-the-shelf index] -> [budget: calibration, then the plan] -> ICT -> REALM
+    corpus -> warm start -> [QA: off-the-shelf index] -> [budget: calibration, then the plan] -> [ICT] -> REALM
            pretraining (first index, asynchronous refresher) -> [QA: ICT and REALM indexes -> the start (the best
            retriever by zero-shot recall) -> fine-tuning -> evaluation (dense, BM25, zero-shot recall)] -> examples
            -> [ablations: ICT-only retriever, uniform masking, document tower trained (if the recipe fixes it),
@@ -115,8 +115,8 @@ class Pipeline:
         settings = {"after": [r.fingerprint for r in after], "embed": dataclasses.asdict(preset.embed)}
         return self.stages.run(name, settings | {"index": dataclasses.asdict(preset.index)}, work)
 
-    def pretrain(self, name: str, preset: Preset, ict: StageRecord, warm: StageRecord) -> StageRecord:
-        """REALM pretraining: the trainer builds the first index from the ICT retriever, a builder refreshes it."""
+    def pretrain(self, name: str, preset: Preset, start: StageRecord, warm: StageRecord) -> StageRecord:
+        """REALM pretraining from `start`'s retriever (ICT's, or the warm start's), whose index it builds first."""
         from realm.index.mips import MipsIndex
         from realm.recipes.pretrain import SENTENCE_USAGE, train_pretrain
 
@@ -124,7 +124,7 @@ class Pipeline:
             train_pretrain(
                 self.run_dir / "corpus",
                 folder,
-                str(self.run_dir / "ict" / "retriever"),
+                str(self.run_dir / start.name / "retriever"),
                 str(self.run_dir / "warm_start" / "reader"),
                 preset,
                 resume=resume,
@@ -134,7 +134,7 @@ class Pipeline:
             sentences = json.loads((folder / SENTENCE_USAGE).read_text())
             return last_metrics(folder) | {"index_version": MipsIndex(folder / "index").version, "sentences": sentences}
 
-        settings = {"after": [ict.fingerprint, warm.fingerprint], "pretrain": dataclasses.asdict(preset.pretrain)}
+        settings = {"after": [start.fingerprint, warm.fingerprint], "pretrain": dataclasses.asdict(preset.pretrain)}
         return self.stages.run(name, settings | {"embed": dataclasses.asdict(preset.embed)}, work)
 
     def finetune(
@@ -282,37 +282,37 @@ class Pipeline:
         self.plan = self.make_plan(self.work, calibration)
         preset = self.plan.preset
         self.echo(f"[pipeline] plan: {self.plan.describe()}")
-        ict = self.ict(self.paced("ict"), warm, corpus)
-        realm = self.pretrain("realm", self.paced("realm"), ict, warm)
+        start = self.ict(self.paced("ict"), warm, corpus) if preset.ict.steps else warm
+        realm = self.pretrain("realm", self.paced("realm"), start, warm)
         if warm_index is not None:
-            ict_index = self.index("ict_index", self.run_dir / "ict" / "retriever", preset, [ict, corpus])
+            start_index = warm_index
+            retrievers = {"off-the-shelf": (warm_index, self.run_dir / "warm_start" / "retriever")}
+            if preset.ict.steps:
+                start_index = self.index("ict_index", self.run_dir / "ict" / "retriever", preset, [start, corpus])
+                retrievers["ICT"] = (start_index, self.run_dir / "ict" / "retriever")
             realm_index = self.index("realm_index", self.run_dir / "realm" / "retriever", preset, [realm, corpus])
-            retrievers = {
-                "off-the-shelf": (warm_index, self.run_dir / "warm_start" / "retriever"),
-                "ICT": (ict_index, self.run_dir / "ict" / "retriever"),
-                "REALM": (realm_index, self.run_dir / "realm" / "retriever"),
-            }
-            start = self.qa_start(preset, retrievers)
-            index_stage, retriever_folder = retrievers[start.result["retriever"]]
+            retrievers["REALM"] = (realm_index, self.run_dir / "realm" / "retriever")
+            chosen = self.qa_start(preset, retrievers)
+            index_stage, retriever_folder = retrievers[chosen.result["retriever"]]
             index_folder = self.run_dir / index_stage.name / "index"
-            reader = self.run_dir / QA_READERS[start.result["reader"]] / "reader"
-            qa = self.finetune("qa", retriever_folder.parent, index_folder, self.paced("qa"), [start], reader=reader)
+            reader = self.run_dir / QA_READERS[chosen.result["reader"]] / "reader"
+            qa = self.finetune("qa", retriever_folder.parent, index_folder, self.paced("qa"), [chosen], reader=reader)
             self.evaluate(preset, qa, retrievers, index_folder)
         self.examples(preset, realm)
         if self.options.ablations:
             self.finetune(
                 "qa_ict",
-                self.run_dir / "ict",
-                self.run_dir / "ict_index" / "index",
+                self.run_dir / start.name,
+                self.run_dir / start_index.name / "index",
                 self.paced("qa_ict"),
-                [ict_index],
+                [start_index],
                 reader=self.run_dir / "warm_start" / "reader",
                 evaluate=True,
             )
             for variant, changes in ablation_variants(preset.pretrain).items():
                 paced = self.paced(f"realm_{variant}")
                 varied = dataclasses.replace(paced, pretrain=dataclasses.replace(paced.pretrain, **changes))
-                pretrained = self.pretrain(f"realm_{variant}", varied, ict, warm)
+                pretrained = self.pretrain(f"realm_{variant}", varied, start, warm)
                 index = self.index(
                     f"realm_{variant}_index", self.run_dir / pretrained.name / "retriever", preset, [pretrained, corpus]
                 )
