@@ -160,8 +160,8 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     # are copies of the first.
     first_index = 0.0 if not preset.ict.steps and work.qa_train else embed
     reembed = 0.0 if preset.pretrain.doc_tower == "fixed" else embed
-    stages = [
-        StageEstimate("ict", preset.ict.steps, c.ict_step, 0.0),
+    stages = [StageEstimate("ict", preset.ict.steps, c.ict_step, 0.0)] if preset.ict.steps else []
+    stages += [
         StageEstimate(
             "realm",
             pretrain_steps,
