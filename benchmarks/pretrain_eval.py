@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from realm.common.device import default_device
 from realm.common.tokenization import load_tokenizer, minilm_dir
 from realm.config import RUN_CONFIG, get_preset
 from realm.data.blocks import BlockStore
@@ -95,7 +96,7 @@ def main() -> None:
         model = RealmModel(
             Retriever.load(str(Path(run_dir) / "retriever"), preset.retriever),
             Reader.load(str(Path(run_dir) / "reader")),
-        )
+        ).to(default_device())
         r = masked_span_accuracy(
             model,
             held_out,

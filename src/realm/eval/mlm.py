@@ -8,6 +8,7 @@ is the argmax of the marginal sum_z p(z | x) p(y_j | z, x); without one, the nul
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -65,6 +66,7 @@ def _scored(
     """The model's statistics on the masked queries of the first `limit` sentences, in batches, with each
     query's sentence index."""
     model.eval()
+    device = next(model.parameters()).device  # the GPU when the caller put the model there
     tokenizer = model.retriever.tokenizer
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
     items = _masked_queries(sentences, tokenizer, query_max_tokens, max_masks, limit, every_span)
@@ -75,10 +77,11 @@ def _scored(
             retrieved = np.empty((len(queries), 0), dtype=np.int64)
             if index is not None and num_candidates > 1:
                 query, *_ = pad_queries(queries, tokenizer.pad_token_id)
+                query = {k: v.to(device) for k, v in query.items()}
                 retrieved = retrieve(
                     model, index, query, block_doc_ids, [sentences.doc_ids[i] for i in rows], num_candidates - 1
                 )
-            batch = make_batch(queries, retrieved, store, tokenizer, store.config)
+            batch = make_batch(queries, retrieved, store, tokenizer, store.config).to(device)
             _, stats = model(batch)
             yield rows, queries, batch, stats
     finally:
@@ -104,7 +107,7 @@ def masked_span_accuracy(
     `every_span`, a sentence's spans are resampled together: they share its words). With a `finder`, the
     shares of spans another document holds (recoverable) and a candidate holds (retrieved), and the gain split
     by them (`by_recoverability`: retrieval can only help where the span is recoverable)."""
-    tokens = correct_tokens = spans = correct_spans = 0
+    tokens = correct_tokens = spans = correct_spans = null_correct_spans = 0
     p_null = utility = 0.0
     rows: list[int] = []
     gains: list[float] = []  # per span: correct tokens with retrieval minus with the null document alone
@@ -119,6 +122,7 @@ def masked_span_accuracy(
         correct_tokens += int(hits.sum())
         spans += len(queries)
         correct_spans += int((hits | ~valid).all(dim=1).sum())
+        null_correct_spans += int((stats["null_correct"] | ~valid).all(dim=1).sum())
         p_null += stats["p_null"].item() * len(queries)
         utility += stats["utility"].item() * len(queries)
         rows += batch_rows
@@ -150,6 +154,7 @@ def masked_span_accuracy(
         "token_accuracy": 100 * correct_tokens / tokens,
         "span_accuracy": 100 * correct_spans / spans,
         "null_token_accuracy": 100 * correct_tokens / tokens - gain,
+        "null_span_accuracy": 100 * null_correct_spans / spans,
         "retrieval_gain": gain,  # token accuracy points, paired over the same masks
         "retrieval_gain_95ci": [low, high],
         "p_null": p_null / spans,
@@ -178,6 +183,12 @@ class WorkedExample:
         return asdict(self)
 
 
+def probability_raise(log_p_null: float, log_p_top: float) -> float:
+    """p(y | z_top, x) - p(y | null, x): how much likelier the top block makes the span. Not the log ratio, which
+    ranks first the spans no model finds (1e-12 -> 1e-10 outranks 0.2 -> 0.6), whose blocks seldom hold them."""
+    return math.exp(log_p_top) - math.exp(log_p_null)
+
+
 def worked_examples(
     model: RealmModel,
     sentences: SentenceSet,
@@ -192,8 +203,8 @@ def worked_examples(
     finder: SpanFinder | None = None,
 ) -> list[WorkedExample]:
     """Of the first `pool` held-out sentences, the `count` where the top retrieved block raises p(answer)
-    the most (log p(y|z_top,x) minus log p(y|null,x)), so the block shown is the evidence that helped:
-    the paper's Table 3 picks such examples too."""
+    the most (`probability_raise`), so the block shown is the evidence that helped: the paper's Table 3 picks
+    such examples too."""
     tokenizer = model.retriever.tokenizer
     scored: list[tuple[float, WorkedExample]] = []
     for _, queries, batch, stats in _scored(
@@ -221,6 +232,6 @@ def worked_examples(
                 if finder
                 else None,
             )
-            scored.append((float(top[b] - null[b]), example))
+            scored.append((probability_raise(float(null[b]), float(top[b])), example))
     scored.sort(key=lambda pair: -pair[0])
     return [example for _, example in scored[:count]]

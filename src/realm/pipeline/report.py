@@ -194,34 +194,33 @@ def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
 
 
 def _examples(doc: Document, r: dict, plan: PipelinePlan) -> None:
-    ex = r["examples"]
+    ex, scored = r["examples"], r["examples"]["with_retrieval"]
     doc.heading("Does retrieval help the language model? (held-out sentences)")
     doc.table(
         ["reader input", "masked-token accuracy", "whole-span accuracy", "retrieval utility (nats/mask)"],
         [
-            ["null document only", ex["null_only"]["token_accuracy"], ex["null_only"]["span_accuracy"], None],
+            ["null document only", scored["null_token_accuracy"], scored["null_span_accuracy"], None],
             [
                 f"{plan.preset.pretrain.num_candidates} candidates incl. null (marginal)",
-                ex["with_retrieval"]["token_accuracy"],
-                ex["with_retrieval"]["span_accuracy"],
-                ex["with_retrieval"]["utility"],
+                scored["token_accuracy"],
+                scored["span_accuracy"],
+                scored["utility"],
             ],
         ],
     )
-    gain = ex["with_retrieval"].get("retrieval_gain")
-    if gain is not None:
-        low, high = ex["with_retrieval"]["retrieval_gain_95ci"]
-        doc.paragraph(
-            f"Retrieval gain in masked-token accuracy, paired over the same masks: {gain:+.2f} points, 95% bootstrap "
-            f"interval [{low:+.2f}, {high:+.2f}] over {ex['with_retrieval']['sentences']} sentences"
-            + (" (excludes 0)." if low > 0 or high < 0 else " (includes 0: no clear gain).")
-        )
-    split = ex["with_retrieval"].get("by_recoverability")
+    low, high = scored["retrieval_gain_95ci"]
+    doc.paragraph(
+        f"Retrieval gain in masked-token accuracy, paired over the same masks: {scored['retrieval_gain']:+.2f} points, "
+        f"95% bootstrap interval [{low:+.2f}, {high:+.2f}] over {scored['sentences']} sentences (their "
+        f"{scored['spans']:,} salient spans, each masked in turn)"
+        + (" (excludes 0)." if low > 0 or high < 0 else " (includes 0: no clear gain).")
+    )
+    split = scored.get("by_recoverability")
     if split:
         doc.paragraph(
             f"Recoverable masked spans (a block of another document holds the span's words): "
-            f"{ex['with_retrieval']['recoverable_share']:.1f}%, the ceiling of what retrieval can give; held by a "
-            f"candidate given to the reader: {ex['with_retrieval']['retrieved_share']:.1f}%. The gain by where the "
+            f"{scored['recoverable_share']:.1f}%, the ceiling of what retrieval can give; held by a "
+            f"candidate given to the reader: {scored['retrieved_share']:.1f}%. The gain by where the "
             "span is (token accuracy points, 95% bootstrap interval over spans):"
         )
         doc.table(
@@ -244,8 +243,8 @@ def _examples(doc: Document, r: dict, plan: PipelinePlan) -> None:
     doc.heading("Worked examples (like the paper's Table 3)")
     doc.paragraph(
         f"The {len(ex['examples'])} of the first {ex['pool']} held-out sentences where the top retrieved block "
-        "raised the probability of the masked span the most over no retrieval; span probabilities are "
-        "products over its wordpieces."
+        "raised the probability of the masked span the most over no retrieval (p with it minus p without); span "
+        "probabilities are products over its wordpieces."
     )
     doc.table(
         [

@@ -214,7 +214,7 @@ class Pipeline:
 
         return self.stages.run(
             "examples",
-            {"after": [realm.fingerprint], "pool": stage_work.EXAMPLE_POOL, "limit": stage_work.ACCURACY_LIMIT},
+            {"after": [realm.fingerprint], "pool": stage_work.EXAMPLE_POOL, "scoring": stage_work.SCORING},
             work,
         )
 

@@ -171,7 +171,7 @@ def train_qa(
         cfg.lr,
         prefix_lrs={
             "reader.span_head.": cfg.lr * cfg.head_lr_multiplier,
-            "retriever.": cfg.retriever_lr or cfg.lr,
+            "retriever.": cfg.lr if cfg.retriever_lr is None else cfg.retriever_lr,
             "bm25_weight": cfg.fusion_lr,
         },
     )

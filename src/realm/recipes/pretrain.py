@@ -177,7 +177,7 @@ def train_pretrain(
         cfg.lr,
         prefix_lrs={
             "reader.mlm.cls.": cfg.lr * cfg.head_lr_multiplier,
-            "retriever.": cfg.retriever_lr or cfg.lr,
+            "retriever.": cfg.lr if cfg.retriever_lr is None else cfg.retriever_lr,
             "null_score": cfg.null_score_lr,
         },
     )
