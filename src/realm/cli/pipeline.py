@@ -63,7 +63,7 @@ def add_commands(commands) -> None:
     pipeline.add_argument(
         "--ablations",
         action="store_true",
-        help="also ICT-only retriever, uniform masking and frozen index (needs --qa-train/--qa-dev)",
+        help="also REALM's start retriever alone, uniform masking and a frozen index (needs --qa-train/--qa-dev)",
     )
     pipeline.add_argument(
         "--budget-minutes",

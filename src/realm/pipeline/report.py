@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from realm.common.io import write_atomic
-from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations
+from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations, start_retriever
 from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import Document
 from realm.pipeline.plan import PipelinePlan
@@ -156,7 +156,7 @@ def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
     )
     systems = {label.format(retriever=chosen): ev[kind] for kind, label in SYSTEM_LABELS.items()}
     if "qa_ict" in r:
-        start = "ICT retriever" if plan.preset.ict.steps else "warm-start retriever (no ICT)"
+        start = start_retriever(bool(plan.preset.ict.steps))
         systems[f"{start} + warm-start reader, fine-tuned (ORQA-style)"] = r["qa_ict"]["dense"]
     rows = []
     for label, result in systems.items():
