@@ -12,7 +12,12 @@ from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
 
 from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, StageCosts, get_preset
 from realm.index.mips import read_meta
-from realm.pipeline.calibrate import FINAL_SECONDS
+from realm.pipeline.calibrate import (
+    FINAL_SECONDS,
+    SCORED_SPANS_MAX,
+    SCORED_SPANS_PER_BLOCK,
+    SPAN_IN_RETRIEVAL_STEPS,
+)
 from realm.pipeline.plan import (
     PipelineOptions,
     Workload,
@@ -415,7 +420,12 @@ def test_a_budget_is_planned_from_costs_measured_here_and_a_rerun_keeps_its_plan
     assert stages["realm"].fixed_seconds == pytest.approx(
         work.blocks / measured["tag_blocks_per_second"] + work.blocks / measured["embed_blocks_per_second"]
     )
-    assert "baseline_index" not in stages and plan.preset.costs.fixed_seconds == FINAL_SECONDS
+    # what follows training: the report's scoring grows with the corpus (its held-out spans), at the measured pace
+    spans = SCORED_SPANS_PER_BLOCK * measured["corpus_blocks"]
+    assert measured["corpus_blocks"] == work.blocks and spans < SCORED_SPANS_MAX
+    scoring = spans * SPAN_IN_RETRIEVAL_STEPS * measured["retrieval_pretrain_step"]
+    assert "baseline_index" not in stages
+    assert plan.preset.costs.fixed_seconds == pytest.approx(FINAL_SECONDS + scoring)
     spent = sum(
         json.loads((tiny_run.run_dir / STAGES / f"{s}.json").read_text())["seconds"]
         for s in ("corpus", "warm_start", "baseline_index", "calibration")
