@@ -13,31 +13,17 @@ import argparse
 from pathlib import Path
 
 from realm.config import get_preset
-from realm.data.blocks import BlockStore
-from realm.data.recoverable import SpanFinder
-from realm.data.sentences import SentenceSet, sentences_path
 from realm.eval.mlm import _scored, probability_raise  # the report's own scoring pass
-from realm.index.mips import MipsIndex
-from realm.models.mlm_reader import Reader
-from realm.models.realm import RealmModel
-from realm.models.retriever import Retriever
+from realm.pipeline.work import held_out_scoring
 
 
 def candidates(run: Path, pool: int) -> list[tuple[float, float, str, bool]]:
     """(log ratio, probability raise, span, top block holds it) for each of the first `pool` held-out sentences."""
     preset = get_preset("cpu")
-    store = BlockStore(run / "corpus")
-    model = RealmModel(
-        Retriever.load(str(run / "realm" / "retriever"), preset.retriever), Reader.load(str(run / "realm" / "reader"))
-    )
+    model, held_out, store, index, finder = held_out_scoring(run / "corpus", run / "realm", preset)
     k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
-    held_out = SentenceSet(sentences_path(store), preset.pretrain.held_out_fraction, held_out=True)
-    held_out = held_out.with_salient_spans(model.retriever.tokenizer, tokens, masks)
-    finder = SpanFinder(store, model.retriever.tokenizer)
     rows = []
-    for _, queries, batch, stats in _scored(
-        model, held_out, store, MipsIndex(run / "realm" / "index"), k, tokens, masks, pool, 16
-    ):
+    for _, queries, batch, stats in _scored(model, held_out, store, index, k, tokens, masks, pool, 16):
         token_lp, valid = stats["token_log_probs"], batch.mask_valid.float()  # (B, K, M), (B, M)
         null, top = (token_lp[:, 0] * valid).sum(-1), (token_lp[:, 1] * valid).sum(-1)  # (B,) log p(y | z, x)
         for b, query in enumerate(queries):

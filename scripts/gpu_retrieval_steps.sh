@@ -11,7 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src:$PWD/.gpu/site PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
-C=.gpu/corpus R=${RUN:-/tmp/gpu_steps} O=${OUT:-runs/gpu_steps}
+C=.gpu/corpus R=${RUN:-runs/gpu_steps/work} O=${OUT:-runs/gpu_steps}
 mkdir -p $R $O
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"

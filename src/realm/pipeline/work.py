@@ -164,13 +164,13 @@ def evaluate_systems(
     return result
 
 
-def pretraining_examples(corpus: Path, realm_run: Path, preset: Preset) -> dict:
-    """Worked examples and masked-span accuracy of a `train pretrain` output on held-out sentences of `corpus`."""
+def held_out_scoring(corpus: Path, realm_run: Path, preset: Preset) -> tuple:
+    """What scoring a `train pretrain` output on held-out sentences of `corpus` reads: (model on its device,
+    the held-out sentences with a maskable salient span, the corpus, the run's index, the span lookup)."""
     from realm.common.device import default_device
     from realm.data.blocks import BlockStore
     from realm.data.recoverable import SpanFinder
     from realm.data.sentences import SentenceSet, sentences_path
-    from realm.eval.mlm import masked_span_accuracy, worked_examples
     from realm.index.mips import MipsIndex
     from realm.models.mlm_reader import Reader
     from realm.models.realm import RealmModel
@@ -180,11 +180,18 @@ def pretraining_examples(corpus: Path, realm_run: Path, preset: Preset) -> dict:
     model = RealmModel(
         Retriever.load(str(realm_run / "retriever"), preset.retriever), Reader.load(str(realm_run / "reader"))
     ).to(default_device())
-    index = MipsIndex(realm_run / "index")
-    k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
+    tokens, masks = preset.retriever.query_max_tokens, preset.pretrain.max_masks
     held_out = SentenceSet(sentences_path(store), preset.pretrain.held_out_fraction, held_out=True)
     held_out = held_out.with_salient_spans(model.retriever.tokenizer, tokens, masks)  # what can be masked
-    finder = SpanFinder(store, model.retriever.tokenizer)
+    return model, held_out, store, MipsIndex(realm_run / "index"), SpanFinder(store, model.retriever.tokenizer)
+
+
+def pretraining_examples(corpus: Path, realm_run: Path, preset: Preset) -> dict:
+    """Worked examples and masked-span accuracy of a `train pretrain` output on held-out sentences of `corpus`."""
+    from realm.eval.mlm import masked_span_accuracy, worked_examples
+
+    model, held_out, store, index, finder = held_out_scoring(corpus, realm_run, preset)
+    k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
     examples = worked_examples(model, held_out, store, index, k, tokens, masks, pool=EXAMPLE_POOL, finder=finder)
     return {
         "held_out_sentences": len(held_out),  # with a maskable salient span
