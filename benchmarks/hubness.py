@@ -33,7 +33,7 @@ from realm.data.qa_examples import load_qa
 from realm.data.sentences import split_sentences
 from realm.eval.retrieval import recall_at_k
 from realm.index.mips import MipsIndex
-from realm.index.search import DenseSearcher, search_all
+from realm.index.search import Searcher, open_searcher, search_all
 from realm.models.retriever import Retriever
 
 CAPITALISED = re.compile(r"(?<=\s)[A-Z][a-z]+(?:\s[A-Z][a-z]+){0,2}\b")
@@ -64,7 +64,7 @@ def masked_sample(store, tokenizer, size: int, seed: int) -> tuple[list[str], li
     return masked, plain, sources
 
 
-def top1_stats(searcher: DenseSearcher, queries: list[str], sources: list[str]) -> tuple[int, str, float, float]:
+def top1_stats(searcher: Searcher, queries: list[str], sources: list[str]) -> tuple[int, str, float, float]:
     hits = [row[0] for row in search_all(searcher, queries, 1)]
     counts = Counter(h.block_id for h in hits)
     block, count = counts.most_common(1)[0]
@@ -87,7 +87,7 @@ def main() -> None:
         model, index_dir = spec.rsplit("=", 1)
         index = MipsIndex(index_dir)
         retriever = Retriever.load(model, index.retriever_config(preset.retriever))
-        searcher = DenseSearcher(index, retriever)
+        searcher = open_searcher(index, "dense", retriever)
         tower = retriever.query_tower
         masked, plain, sources = masked_sample(searcher.store, retriever.tokenizer, args.sentences, args.seed)
         own_center = tower.mask_center.clone()

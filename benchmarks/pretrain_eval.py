@@ -35,7 +35,7 @@ from realm.eval.intervals import bootstrap_interval, paired_difference
 from realm.eval.mlm import masked_span_accuracy
 from realm.eval.retrieval import first_answer_ranks
 from realm.index.mips import MipsIndex
-from realm.index.search import DenseSearcher, search_all
+from realm.index.search import Searcher, open_searcher, search_all
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmModel
 from realm.models.retriever import Retriever
@@ -43,7 +43,7 @@ from realm.models.retriever import Retriever
 KS = (1, 5, 20)
 
 
-def searcher_hits(searcher: DenseSearcher, questions: list) -> np.ndarray:
+def searcher_hits(searcher: Searcher, questions: list) -> np.ndarray:
     """(Q, len(KS)) 0/1: does a top-k block hold an answer."""
     ranks = first_answer_ranks(questions, search_all(searcher, [q.question for q in questions], max(KS)))
     return np.array([[r is not None and r < k for k in KS] for r in ranks], dtype=np.float64)
@@ -52,7 +52,7 @@ def searcher_hits(searcher: DenseSearcher, questions: list) -> np.ndarray:
 def hits_at(retriever: str, index_dir: str, questions: list, preset) -> np.ndarray:
     index = MipsIndex(index_dir)
     return searcher_hits(
-        DenseSearcher(index, Retriever.load(retriever, index.retriever_config(preset.retriever))), questions
+        open_searcher(index, "dense", Retriever.load(retriever, index.retriever_config(preset.retriever))), questions
     )
 
 

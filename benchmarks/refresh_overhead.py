@@ -18,6 +18,7 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
+import realm.index.refresh as refresh
 import realm.recipes.pretrain as recipe
 from realm.config import get_preset
 from realm.index.mips import MipsIndex
@@ -48,7 +49,7 @@ def main() -> None:
     preset = get_preset("cpu")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        yields = recipe.share_cores
+        yields = refresh.share_cores
         for name, every, nice, share in (
             ("frozen index (baseline)", 0, 0, True),
             (
@@ -60,7 +61,7 @@ def main() -> None:
             ("builder beside it, both contending for every core", args.refresh_every, 0, False),
             ("builder beside it at nice 19, both contending", args.refresh_every, 19, False),
         ):
-            recipe.share_cores = yields if share else lambda index_dir, threads: None
+            refresh.share_cores = yields if share else lambda index_dir, threads: None
             config = dataclasses.replace(
                 preset.pretrain,
                 steps=args.steps,

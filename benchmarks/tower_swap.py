@@ -20,7 +20,7 @@ from realm.config import get_preset
 from realm.data.qa_examples import load_qa
 from realm.eval.intervals import paired_difference
 from realm.index.mips import MipsIndex
-from realm.index.search import DenseSearcher
+from realm.index.search import open_searcher
 from realm.models.retriever import Retriever
 
 AT_5 = KS.index(5)  # the column the paired difference compares
@@ -52,7 +52,7 @@ def main() -> None:
         for doc_name, _, _ in specs:
             q, d = retrievers[query_name], retrievers[doc_name]
             paired = Retriever(q.query_tower, d.doc_tower, d.tokenizer, d.config, d.null_score)
-            hits = searcher_hits(DenseSearcher(indexes[doc_name], paired), questions)  # (Q, len(KS))
+            hits = searcher_hits(open_searcher(indexes[doc_name], "dense", paired), questions)  # (Q, len(KS))
             base = hits if base is None else base
             diff, (low, high) = paired_difference(100 * hits[:, AT_5], 100 * base[:, AT_5])
             recalls = " | ".join(f"{100 * hits[:, i].mean():.2f}" for i in range(len(KS)))

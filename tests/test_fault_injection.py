@@ -36,6 +36,15 @@ REALM = [sys.executable, "-m", "realm.cli"]
 KILLS: list[str] = []  # one line per kill injected, printed at the end
 
 
+@pytest.fixture(scope="module", autouse=True)
+def report_the_kills(request):
+    """After this module's tests: which kills landed, on the terminal (a report, not a test)."""
+    yield
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"\nfault injection: {len(KILLS)} kills injected" + "".join(f"\n  {k}" for k in KILLS))
+
+
 def realm(*args: str) -> None:
     done = subprocess.run([*REALM, *args, "--quiet"], capture_output=True, text=True)
     assert done.returncode == 0, f"realm {' '.join(args)}: {done.stderr[-2000:]}"
@@ -304,8 +313,3 @@ def test_a_killed_pipeline_reruns_to_the_end_resuming_the_stage_it_was_in(inputs
         assert json.loads((stages / f"{name}.json").read_text())["resumed"], name
     assert {"corpus", "warm_start", "ict", "realm", "examples"} <= {p.stem for p in stages.glob("*.json")}
     assert (run / "report.md").is_file() and leftovers(run) == []
-
-
-def test_zz_report_the_kills(capsys):
-    with capsys.disabled():
-        print(f"\nfault injection: {len(KILLS)} kills injected" + "".join(f"\n  {k}" for k in KILLS))

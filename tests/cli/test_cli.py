@@ -337,3 +337,23 @@ def test_messages_say_what_happened(tmp_path, capsys, tiny_corpus, monkeypatch):
     assert main([*argv, "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "finished shards" in out and "e+" not in out and "000000" not in out
+
+
+def test_realm_index_refresh_is_the_builder_module_with_the_same_flags(capsys):
+    """One builder entry: `realm index refresh` runs `python -m realm.index.refresh`'s loop with its flags, the
+    trainer's pid given (--parent-pid), never read after start-up."""
+    import re
+
+    from realm.cli.main import build_parser
+    from realm.index import refresh
+
+    def flags(argv_run) -> set[str]:
+        with pytest.raises(SystemExit):
+            argv_run()
+        return set(re.findall(r"--[a-z][a-z-]+", capsys.readouterr().out))
+
+    cli = flags(lambda: main(["index", "refresh", "--help"]))
+    module = flags(lambda: refresh.main(["--help"]))
+    assert cli == module and {"--config", "--parent-pid", "--watch"} <= cli and "--exit-with-parent" not in cli
+    args = ["index", "refresh", "--config", "b.json", "--watch", "s", "--corpus", "c", "--out", "i"]
+    assert build_parser().parse_args(args).run is refresh.run_builder

@@ -277,7 +277,9 @@ def test_parquet_rows_stream_with_named_columns_and_bad_rows_named_by_number(tmp
     docs = list(read_documents(str(path), True, bad, columns))
     assert [d.id for d in docs] == [str(i) for i in range(10) if i != 6] and bad.count == 1
     assert docs[0] == Document("0", "T0", "Document number 0 says something.")
-    with pytest.raises(CorpusError, match=r"no column\(s\) \['id', 'title', 'text'\]; it has \['page', 'name', 'body'\]"):
+    with pytest.raises(
+        CorpusError, match=r"no column\(s\) \['id', 'title', 'text'\]; it has \['page', 'name', 'body'\]"
+    ):
         list(read_documents(str(path), False, BadRecords()))
     fake = tmp_path / "fake.parquet"
     fake.write_text("not parquet\n")

@@ -20,7 +20,7 @@ from realm.models.mlm_reader import Reader
 from realm.models.orqa import QABatch, QAModel
 from realm.models.realm import RealmModel, make_batch
 from realm.models.retriever import Retriever
-from realm.models.span_reader import SpanReader, reader_batch
+from realm.models.span_reader import SpanReader
 
 LOSS_TOLERANCE = 0.005  # relative, bf16 packed vs fp32 reference (measured: 5e-4 ICT, 2e-4 REALM, 3e-4 QA)
 
@@ -199,8 +199,7 @@ def test_qa_loss_matches_the_fp32_reference(minilm, tiny_corpus, reference_encod
     model = QAModel(minilm, SpanReader.load("minilm"))
     questions = ["What is the capital of France?", "When was the Eiffel Tower finished?"]
     _, bodies = tiny_corpus.slice(0, 4)
-    blocks = [model.blocks(bodies[:3], 48), model.blocks(bodies[1:4], 48)]
-    reader = reader_batch(model.reader.tokenizer, model.question_ids(questions), blocks)
+    reader, _ = model.reader_inputs(questions, [bodies[:3], bodies[1:4]], 48)
     match = torch.zeros_like(reader.span_valid)
     match[0, 3] = match[4, 1] = match[5, 7] = True
     query = dict(minilm.tokenizer(questions, padding=True, return_tensors="pt"))

@@ -19,7 +19,7 @@ from realm.models.mlm_reader import Reader
 from realm.models.orqa import QABatch, QAModel
 from realm.models.realm import RealmModel, make_batch
 from realm.models.retriever import Retriever
-from realm.models.span_reader import SpanReader, reader_batch
+from realm.models.span_reader import SpanReader
 
 DROPOUT_SHAPE = dataclasses.replace(TINY_SHAPE, dropout=0.1)
 PAPER_RETRIEVER = dataclasses.replace(
@@ -118,7 +118,7 @@ def test_ict_and_orqa_scores_are_fp32_under_bf16_autocast(bf16_bodies, config):
             bm25,
             torch.ones(3, 3, dtype=torch.bool),
             torch.ones(3, 3, dtype=torch.bool),
-            reader_batch(qa.reader.tokenizer, [[2054]], [qa.blocks(["x"], 8)]),
+            qa.reader_inputs(["what"], [["x"]], 8)[0],
             torch.zeros(1, 1, dtype=torch.bool),
         )
         orqa = qa.beam_logits(batch)

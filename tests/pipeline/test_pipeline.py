@@ -464,3 +464,19 @@ def test_a_pretraining_step_not_measured_keeps_its_ratio_to_the_measured_kind():
     costs = measured_costs(trained, {"retrieval_pretrain_step": cpu.costs.frozen_pretrain_step / 2}, "float32")
     assert costs.frozen_pretrain_step == cpu.costs.frozen_pretrain_step / 2
     assert costs.pretrain_step == pytest.approx(cpu.costs.pretrain_step / 2)
+
+
+def test_a_setting_a_stage_reads_reruns_that_stage(tiny_run):
+    """Each recipe's settings (what it writes to config.json) are its stage's fingerprint: pretraining reads the
+    index settings for its first index, so changing one re-runs it, and the stages before it are kept."""
+    options = dataclasses.replace(tiny_run, qa_train=None, qa_dev=None, ablations=False)
+    Pipeline(options, TINY_PIPELINE, lambda _: None).run()
+    realm = json.loads((options.run_dir / "realm" / "config.json").read_text())["config"]
+    assert realm["index"] == dataclasses.asdict(TINY_PIPELINE.index)  # what the recipe read, as it recorded it
+    changed = dataclasses.replace(TINY_PIPELINE, index=dataclasses.replace(TINY_PIPELINE.index, hnsw_ef_search=7))
+    said: list[str] = []
+    Pipeline(options, changed, said.append).run()
+    assert "[pipeline] realm: settings changed; the old output is kept in" in " ".join(said)
+    assert not any(line.startswith(("[pipeline] corpus: running", "[pipeline] ict: running")) for line in said)
+    realm = json.loads((options.run_dir / "realm" / "config.json").read_text())["config"]
+    assert realm["index"]["hnsw_ef_search"] == 7

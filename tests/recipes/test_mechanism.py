@@ -10,7 +10,8 @@ import pytest
 import torch
 from conftest import SHARED_DATA
 
-from realm.config import MINILM, get_preset
+from realm.common.tokenization import MINILM
+from realm.config import get_preset
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmModel
 from realm.models.retriever import Retriever

@@ -359,15 +359,16 @@ def test_builder_and_bootstrap_index_get_identical_configs(tmp_path, tiny_corpus
     import subprocess
     import sys
 
+    import realm.index.refresh as refresh
     import realm.recipes.pretrain as recipe
 
     started = {}
 
-    def fake_start(run_dir, corpus, config, nice=0):
-        started["config"] = config
+    def fake_start(run_dir, corpus, nice=0):
+        started["config"] = BuilderConfig.load(run_dir / "builder.json")
         return subprocess.Popen([sys.executable, "-c", "pass"])
 
-    monkeypatch.setattr(recipe, "start_builder", fake_start)
+    monkeypatch.setattr(refresh, "start_builder", fake_start)
     embed = dataclasses.replace(TINY_EMBED, batch_size=3, shard_size=5)  # settings no preset name would give
     preset = dataclasses.replace(
         TINY_PRESET, embed=embed, pretrain=dataclasses.replace(TINY_PRESET.pretrain, refresh_every=1)
@@ -585,10 +586,11 @@ def test_training_survives_a_dead_builder(tmp_path, tiny_corpus, monkeypatch):
     import subprocess
     import sys
 
+    import realm.index.refresh as refresh
     import realm.recipes.pretrain as recipe
 
     monkeypatch.setattr(
-        recipe, "start_builder", lambda *a, **kw: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+        refresh, "start_builder", lambda *a, **kw: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     )
     preset = dataclasses.replace(TINY_PRESET, pretrain=dataclasses.replace(TINY_PRESET.pretrain, refresh_every=1))
     recipe.train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", preset, progress=False)

@@ -20,19 +20,31 @@ from realm.cli.options import (
 )
 
 
-def _dense_searcher(args: argparse.Namespace):
+def _searcher(args: argparse.Namespace, kind: str = "dense"):
+    """`realm search` and `realm eval retrieval`: a model over its index (for hybrid, with the BM25 weight a
+    `train qa` output learned, else the default), or BM25 over a corpus or an index's blocks."""
+    from realm.data.blocks import BlockStore
     from realm.index.mips import MipsIndex
-    from realm.index.search import DenseSearcher
+    from realm.index.search import BM25Searcher, open_searcher
+    from realm.models.orqa import bm25_weight_of
 
+    if kind == "bm25" and not args.index:
+        if not args.corpus:
+            raise ValueError("--retriever bm25 needs --corpus or --index (to find the corpus)")
+        return BM25Searcher(BlockStore(args.corpus))
+    if kind != "bm25" and not (args.index and args.model):
+        raise ValueError(f"the {kind} retriever needs --index and --model")
     index = MipsIndex(args.index)
-    retriever = load_retriever(args.model, resolve_preset(args), index)
-    return DenseSearcher(index, retriever, index.corpus(args.corpus))
+    retriever = load_retriever(args.model, resolve_preset(args), index) if kind != "bm25" else None
+    weight = bm25_weight_of(args.model) if kind == "hybrid" else 0.0
+    store = BlockStore(args.corpus) if kind == "bm25" and args.corpus else index.corpus(args.corpus)
+    return open_searcher(index, kind, retriever, weight, store)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
     if not args.query.strip():
         raise ValueError("the query is empty")
-    hits = _dense_searcher(args).search(args.query, args.k)
+    hits = _searcher(args).search(args.query, args.k)
     if args.json:
         print(json.dumps([dataclasses.asdict(h) for h in hits], ensure_ascii=False, indent=2))
         return 0
@@ -43,30 +55,16 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_retrieval(args: argparse.Namespace) -> int:
-    from realm.data.blocks import BlockStore
     from realm.data.qa_examples import load_qa
     from realm.eval.retrieval import recall_at_k
-    from realm.index.mips import MipsIndex
-    from realm.index.search import BM25Searcher, HybridSearcher, Searcher, search_all
-    from realm.models.orqa import bm25_weight_of
+    from realm.index.search import search_all
 
     ks = args.k
     examples = load_qa(args.qa)
     if args.limit:
         examples = examples[: args.limit]
     started = time.monotonic()
-    searcher: Searcher
-    if args.retriever == "bm25":
-        if not (args.corpus or args.index):
-            raise ValueError("--retriever bm25 needs --corpus or --index (to find the corpus)")
-        searcher = BM25Searcher(BlockStore(args.corpus) if args.corpus else MipsIndex(args.index).corpus())
-    else:
-        if not (args.index and args.model):
-            raise ValueError(f"the {args.retriever} retriever needs --index and --model")
-        dense = _dense_searcher(args)
-        searcher = dense
-        if args.retriever == "hybrid":  # the BM25 weight a `train qa` output learned, else the default
-            searcher = HybridSearcher(dense, BM25Searcher(dense.store), bm25_weight_of(args.model))
+    searcher = _searcher(args, args.retriever)
     result = recall_at_k(examples, search_all(searcher, [e.question for e in examples], max(ks)), ks)
     seconds = time.monotonic() - started
     if args.json:

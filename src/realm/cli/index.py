@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from realm.cli.options import common, embedding_options, load_retriever, non_negative_int, positive_int, resolve_preset
+from realm.cli.options import common, embedding_options, load_retriever, resolve_preset
+from realm.index.refresh import builder_arguments, run_builder
 
 
 def cmd_index_build(args: argparse.Namespace) -> int:
@@ -35,37 +35,6 @@ def cmd_index_build(args: argparse.Namespace) -> int:
             f"embedded in {meta.embed_seconds:.0f}s ({rate}{f', {d.world_size} processes' if d.world_size > 1 else ''})"
             f", built in {meta.build_seconds:.0f}s"
         )
-    return 0
-
-
-def cmd_index_refresh(args: argparse.Namespace) -> int:
-    """The asynchronous index builder: rebuild whenever the trainer publishes a newer retriever snapshot (one
-    process, or a torchrun job whose ranks share each build)."""
-    import torch
-
-    from realm.index.refresh import BuilderConfig, refresh_loop
-    from realm.training import setup_distributed
-
-    d = setup_distributed()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.config:  # the trainer's own settings (run_dir/builder.json)
-        config = BuilderConfig.load(Path(args.config))
-    else:
-        preset = resolve_preset(args)
-        config = BuilderConfig(preset.embed, preset.index, preset.retriever, args.refresh_every)
-    builds = refresh_loop(
-        Path(args.watch),
-        Path(args.corpus),
-        Path(args.out),
-        config,
-        poll_seconds=args.poll_seconds,
-        max_builds=args.max_builds,
-        parent_pid=os.getppid() if args.exit_with_parent else None,
-        d=d,
-    )
-    if d.main:
-        print(f"index refresh: {builds} versions published to {args.out}")
     return 0
 
 
@@ -125,21 +94,12 @@ def add_commands(commands) -> None:
     common(build)
     build.set_defaults(run=cmd_index_build)
 
-    refresh = index.add_parser("refresh", help="asynchronous index builder: follow a trainer's retriever snapshots")
-    refresh.add_argument("--watch", required=True, help="the trainer's snapshots folder")
-    refresh.add_argument("--corpus", required=True)
-    refresh.add_argument("--out", required=True, help="index folder to publish new versions into")
-    refresh.add_argument("--config", help="the trainer's builder.json (its embed/index settings); else the preset's")
-    refresh.add_argument("--refresh-every", type=non_negative_int, default=1, help="0: never rebuild (frozen index)")
-    refresh.add_argument("--poll-seconds", type=float, default=2.0)
-    refresh.add_argument("--max-builds", type=positive_int, help="exit after this many builds")
-    refresh.add_argument(
-        "--threads", type=positive_int, help="torch threads (leave cores to a trainer on the same machine)"
+    refresh = index.add_parser(
+        "refresh",
+        help="asynchronous index builder: follow a trainer's retriever snapshots (python -m realm.index.refresh)",
     )
-    refresh.add_argument("--exit-with-parent", action="store_true", help="stop when the process that started it exits")
-    embedding_options(refresh)
-    common(refresh)
-    refresh.set_defaults(run=cmd_index_refresh)
+    builder_arguments(refresh)
+    refresh.set_defaults(run=run_builder)
 
     add = index.add_parser("add", help="add documents to a live index (embedded by the model that built it)")
     add.add_argument("--index", required=True)

@@ -8,7 +8,8 @@ import shlex
 from pathlib import Path
 
 from realm.cli.options import common
-from realm.config import MINILM, get_preset
+from realm.common.tokenization import MINILM
+from realm.config import get_preset
 from realm.data.sources import VITAL_ARTICLES
 
 

@@ -180,8 +180,9 @@ def _batches(blocks: Iterator[Block], size: int) -> Iterator[list[Block]]:
         yield batch
 
 
-def split_documents(docs: Iterable[Document], splitter: BlockSplitter, skip_bad: bool,
-                    bad: BadRecords) -> Iterator[list[Block]]:
+def split_documents(
+    docs: Iterable[Document], splitter: BlockSplitter, skip_bad: bool, bad: BadRecords
+) -> Iterator[list[Block]]:
     """The blocks of each document in turn; a document that cannot be split is a bad record."""
     for doc in docs:
         try:
@@ -281,7 +282,9 @@ def _read_meta(folder: Path) -> CorpusMeta:
         raw = json.loads((folder / META).read_text())
         meta = CorpusMeta(**raw)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{folder}: not a corpus folder (no {META}); build one with `realm corpus build`") from None
+        raise FileNotFoundError(
+            f"{folder}: not a corpus folder (no {META}); build one with `realm corpus build`"
+        ) from None
     except (json.JSONDecodeError, TypeError) as err:
         raise CorpusError(f"{folder / META}: unreadable corpus metadata: {err}") from err
     if meta.format_version != FORMAT_VERSION:
@@ -297,7 +300,9 @@ class BlockStore:
         self.meta = _read_meta(self.folder)
         self.table: pa.Table = read_blocks(self.folder / self.meta.blocks_file)
         if self.table.num_rows != self.meta.num_blocks:
-            raise CorpusError(f"{self.folder}: {self.table.num_rows} blocks on disk, metadata says {self.meta.num_blocks}")
+            raise CorpusError(
+                f"{self.folder}: {self.table.num_rows} blocks on disk, metadata says {self.meta.num_blocks}"
+            )
 
     @property
     def fingerprint(self) -> str:

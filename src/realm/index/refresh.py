@@ -12,6 +12,7 @@ The builder receives the trainer's exact embed/index settings as JSON (`BuilderC
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -22,13 +23,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 from realm.common.io import write_json_atomic
 from realm.config import EmbedConfig, IndexConfig, RetrieverConfig
 from realm.data.blocks import BlockStore
 from realm.index.build import build_from_retriever
 from realm.index.mips import BUILDING, current_version, read_meta
 from realm.models.retriever import Retriever
-from realm.training import ONE_PROCESS, Dist, broadcast, on_every_rank
+from realm.training import ONE_PROCESS, Dist, broadcast, on_every_rank, setup_distributed
 
 log = logging.getLogger(__name__)
 
@@ -85,33 +88,71 @@ class BuilderConfig:
         )
 
 
-def start_builder(
-    run_dir: Path, corpus: Path, config: BuilderConfig, threads: int = 1, nice: int = 0
-) -> subprocess.Popen:
-    """The builder as its own process, following `run_dir/snapshots` into `run_dir/index` with `config`
-    (saved as run_dir/builder.json); it logs to run_dir/builder.log and exits with the process that started it."""
-    config.save(run_dir / "builder.json")
-    cmd = [
-        sys.executable,
-        "-m",
-        "realm.index.refresh",
-        "--config",
-        str(run_dir / "builder.json"),
-        "--watch",
-        str(run_dir / "snapshots"),
-        "--corpus",
-        str(corpus),
-        "--out",
-        str(run_dir / "index"),
-        "--threads",
-        str(threads),
-        "--parent-pid",
-        str(os.getpid()),
-        "--nice",
-        str(nice),
-    ]
-    handle = open(run_dir / "builder.log", "a")
-    return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def start_builder(run_dir: Path, corpus: Path, nice: int = 0) -> subprocess.Popen:
+    """The builder as its own process, on one core, following `run_dir/snapshots` into `run_dir/index` with
+    run_dir/builder.json; it logs to run_dir/builder.log and exits with the process that started it."""
+    cmd = [sys.executable, "-m", "realm.index.refresh", "--config", str(run_dir / "builder.json")]
+    cmd += ["--watch", str(run_dir / "snapshots"), "--corpus", str(corpus), "--out", str(run_dir / "index")]
+    cmd += ["--threads", "1", "--parent-pid", str(os.getpid()), "--nice", str(nice)]
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV}  # one process, not a rank of the trainer's
+    with open(run_dir / "builder.log", "a") as handle:
+        return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env)
+
+
+class IndexBuilder:
+    """The trainer's side of the builder: started beside it (`local`: its own process, logging to
+    run_dir/builder.log, exiting with the trainer) or left to the user (`external`: run_dir/builder.json is what
+    `realm index refresh --config` reads), watched while training runs, told to stop when it ends."""
+
+    def __init__(self, run_dir: Path, corpus: Path, config: BuilderConfig, where: str = "local", nice: int = 0):
+        self.run_dir, self.corpus, self.config, self.where, self.nice = run_dir, corpus, config, where, nice
+        self.process: subprocess.Popen | None = None
+        self.started, self.warned = False, False
+        self.threads = 0  # the trainer's torch threads, given back when the builder stops
+        (run_dir / "snapshots" / STOP_FILE).unlink(missing_ok=True)  # left by an earlier run's clean exit
+
+    def start(self) -> None:
+        self.started, self.threads = True, torch.get_num_threads()
+        self.config.save(self.run_dir / "builder.json")
+        if self.where == "local":
+            self.process = start_builder(self.run_dir, self.corpus, self.nice)
+        else:
+            log.info("external builder: start `realm index refresh --config %s/builder.json ...`", self.run_dir)
+
+    def alive(self, index_version: int | None) -> bool:
+        """Whether the local builder still runs (an external one: assumed); warns once when it has exited."""
+        if self.process is None or self.process.poll() is None:
+            return True
+        if not self.warned:
+            log.warning(
+                "index builder exited (code %s); training continues on index v%s, see %s",
+                self.process.returncode,
+                index_version,
+                self.run_dir / "builder.log",
+            )
+            self.warned = True
+        return False
+
+    def share_cores(self, device: torch.device) -> None:
+        """Between steps, on a CPU: a core for the local builder while it re-embeds the corpus (share_cores)."""
+        if self.process is not None and device.type == "cpu":
+            share_cores(self.run_dir / "index", self.threads)
+
+    def stop(self, finished: bool) -> None:
+        """Training is over (`finished`) or interrupted: a local builder stops with it; an external one is told to
+        stop (the STOP file) only when training finished, a resumed trainer may still need it otherwise."""
+        if not self.started or (self.process is None and not finished):
+            return
+        if self.process is not None:
+            torch.set_num_threads(self.threads)
+        (self.run_dir / "snapshots").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "snapshots" / STOP_FILE).touch()
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
 
 
 def save_snapshot(retriever: Retriever, snapshots_dir: Path, step: int, keep: int = 2) -> Path:
@@ -214,13 +255,17 @@ def refresh_loop(
     return builds
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m realm.index.refresh`: the builder alone (started by the trainer, or on another machine)."""
-    import argparse
+def share_cores(index_dir: Path, threads: int) -> None:
+    """While the local builder re-embeds the corpus (index/building/ exists), the trainer leaves it a core. On 2
+    cores, trainer and builder threads contending for both ran the trainer at 0.35x of its frozen-index speed,
+    one core each at 0.58x (benchmarks/refresh_overhead.py); between rebuilds the trainer has every core."""
+    wanted = max(1, threads - 1) if (index_dir / BUILDING).exists() else threads
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)
 
-    import torch
 
-    parser = argparse.ArgumentParser(prog="python -m realm.index.refresh", description=__doc__.split("\n")[0])
+def builder_arguments(parser: argparse.ArgumentParser) -> None:
+    """The builder's flags, the same for `python -m realm.index.refresh` and `realm index refresh`."""
     parser.add_argument("--config", required=True, help="builder.json written by the trainer (BuilderConfig)")
     parser.add_argument("--watch", required=True, help="the trainer's snapshots folder")
     parser.add_argument("--corpus", required=True)
@@ -230,8 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="torch threads (leave cores to a trainer on the same machine)")
     parser.add_argument("--parent-pid", type=int, help="stop when this process (the trainer that started us) is gone")
     parser.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by N (0-19)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    parser.add_argument("--quiet", action="store_true", help="log warnings only")
+
+
+def run_builder(args: argparse.Namespace) -> int:
+    """The builder loop, as one process or as a torchrun job whose ranks share each build."""
+    d = setup_distributed()
     if args.threads:
         torch.set_num_threads(args.threads)
     os.nice(args.nice)
@@ -243,21 +292,23 @@ def main(argv: list[str] | None = None) -> int:
         args.poll_seconds,
         args.max_builds,
         args.parent_pid,
+        d,
     )
-    print(f"index refresh: {builds} versions published to {args.out}")
+    if d.main:
+        print(f"index refresh: {builds} versions published to {args.out}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m realm.index.refresh`: the builder alone (started by the trainer, or on another machine)."""
+    parser = argparse.ArgumentParser(prog="python -m realm.index.refresh", description=__doc__.split("\n")[0])
+    builder_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    return run_builder(args)
 
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def share_cores(index_dir: Path, threads: int) -> None:
-    """While the local builder re-embeds the corpus (index/building/ exists), the trainer leaves it a core. On 2
-    cores, trainer and builder threads contending for both ran the trainer at 0.35x of its frozen-index speed,
-    one core each at 0.58x (benchmarks/refresh_overhead.py); between rebuilds the trainer has every core."""
-    import torch
-
-    wanted = max(1, threads - 1) if (index_dir / BUILDING).exists() else threads
-    if torch.get_num_threads() != wanted:
-        torch.set_num_threads(wanted)

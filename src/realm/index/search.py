@@ -24,6 +24,7 @@ import torch
 
 from realm.data.blocks import BlockStore
 from realm.index.mips import MipsIndex
+from realm.models.orqa import DEFAULT_BM25_WEIGHT
 from realm.models.realm import RealmModel, select_candidates
 from realm.models.retriever import Retriever
 
@@ -213,6 +214,28 @@ class HybridSearcher:
 
     def search(self, query: str, k: int) -> list[SearchHit]:
         return self.batch_search([query], k)[0]
+
+
+def open_searcher(
+    index: MipsIndex,
+    kind: str,
+    retriever: Retriever | None = None,
+    bm25_weight: float = DEFAULT_BM25_WEIGHT,
+    store: BlockStore | None = None,
+    bm25: BM25Searcher | None = None,
+) -> Searcher:
+    """Every searcher over an index version: `dense` (refuses an index built by another document tower), `bm25` over
+    its live blocks (`store`: those blocks, read once by the caller; default `index.corpus()`), or `hybrid`, both
+    fused with the weight w of f(x, z) + w · BM25(x, z) (`bm25`: a BM25 index the caller keeps)."""
+    if kind not in ("dense", "bm25", "hybrid"):
+        raise ValueError(f"unknown retriever {kind!r}: expected dense, bm25 or hybrid")
+    store = store if store is not None else index.corpus()
+    if kind == "bm25":
+        return bm25 or BM25Searcher(store)
+    if retriever is None:
+        raise ValueError(f"the {kind} retriever needs a model (its query tower)")
+    dense = DenseSearcher(index, retriever, store)
+    return dense if kind == "dense" else HybridSearcher(dense, bm25 or BM25Searcher(store), bm25_weight)
 
 
 def search_all(searcher: Searcher, queries: list[str], k: int, batch_size: int = 256) -> list[list[SearchHit]]:

@@ -16,12 +16,12 @@ from torch import nn
 from transformers import BertForMaskedLM, PreTrainedTokenizerBase
 
 from realm.common.io import write_dir_atomic
-from realm.common.tokenization import load_tokenizer, minilm_dir
-from realm.config import MINILM, EncoderShape
+from realm.common.tokenization import MINILM, load_tokenizer, minilm_dir
+from realm.config import EncoderShape
 from realm.models.bert import fresh_weights, load_masked_lm, random_masked_lm
 from realm.models.encoder import encode
 
-READER_SEED = 20200211
+MLM_HEAD_SEED = 20200211
 
 
 class Reader(nn.Module):
@@ -35,11 +35,11 @@ class Reader(nn.Module):
         """`minilm`, `random` (needs `shape`), or a folder saved by `save` / any BERT folder."""
         if spec == "random":
             tokenizer = load_tokenizer(minilm_dir())
-            return cls(random_masked_lm(shape or EncoderShape(), len(tokenizer), READER_SEED), tokenizer)
+            return cls(random_masked_lm(shape or EncoderShape(), len(tokenizer), MLM_HEAD_SEED), tokenizer)
         folder = minilm_dir() if spec == MINILM else Path(spec)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"unknown reader {spec!r}: expected 'minilm', 'random' or a BERT folder")
-        with fresh_weights(READER_SEED):  # a fresh head transform (MiniLM has none) is the same on every run
+        with fresh_weights(MLM_HEAD_SEED):  # a fresh head transform (MiniLM has none) is the same on every run
             return cls(load_masked_lm(folder), load_tokenizer(folder))
 
     def save(self, folder: str | Path) -> None:

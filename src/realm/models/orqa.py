@@ -30,15 +30,9 @@ import torch
 from torch import nn
 
 from realm.common.io import write_atomic
-from realm.config import MINILM
+from realm.common.tokenization import MINILM
 from realm.models.retriever import Retriever, inner_products
-from realm.models.span_reader import (
-    MASKED,
-    BlockSpans,
-    ReaderBatch,
-    SpanReader,
-    block_spans,
-)
+from realm.models.span_reader import MASKED, BlockSpans, ReaderBatch, SpanReader, block_spans, reader_batch
 
 
 def joint_log_probs(block_logits: torch.Tensor, span_scores: torch.Tensor, span_valid: torch.Tensor) -> torch.Tensor:
@@ -175,12 +169,7 @@ class QAModel(nn.Module):
 
     def forward(self, batch: QABatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         f_beam = self.beam_logits(batch)  # (B, R)
-        scores = self.reader(
-            **batch.reader.inputs,
-            starts=batch.reader.starts,
-            ends=batch.reader.ends,
-            span_valid=batch.reader.span_valid,
-        )  # (B*K, S)
+        scores = self.span_scores(batch.reader)  # (B*K, S)
         shape = (len(f_beam), -1, scores.size(-1))  # (B, K, S)
         return qa_loss(
             f_beam,
@@ -191,10 +180,18 @@ class QAModel(nn.Module):
             batch.span_match.view(shape),
         )
 
-    def question_ids(self, questions: Sequence[str]) -> list[list[int]]:
-        """Question wordpieces without special tokens, cut to the query length."""
+    def reader_inputs(
+        self, questions: Sequence[str], bodies: Sequence[Sequence[str]], max_block_tokens: int
+    ) -> tuple[ReaderBatch, list[list[BlockSpans]]]:
+        """What the reader reads for each question and its blocks' bodies (answering and fine-tuning alike): one row
+        [CLS] x [SEP] body [SEP] a block, the question cut to the query length, the body to `max_block_tokens`, and
+        every span of at most `max_span_width` wordpieces; with each block's spans (to read answers back)."""
         limit = self.retriever.config.query_max_tokens - 2
-        return [row[:limit] for row in self.retriever.tokenizer(list(questions), add_special_tokens=False)["input_ids"]]
+        tokenized = self.retriever.tokenizer(list(questions), add_special_tokens=False)["input_ids"]
+        width = self.reader.max_span_width
+        blocks = [[block_spans(self.reader.tokenizer, body, max_block_tokens, width) for body in row] for row in bodies]
+        return reader_batch(self.reader.tokenizer, [ids[:limit] for ids in tokenized], blocks), blocks
 
-    def blocks(self, bodies: Sequence[str], max_tokens: int) -> list[BlockSpans]:
-        return [block_spans(self.reader.tokenizer, body, max_tokens, self.reader.max_span_width) for body in bodies]
+    def span_scores(self, batch: ReaderBatch) -> torch.Tensor:
+        """S(s) for every span of every row of `reader_inputs`, (N, S); MASKED at padding spans."""
+        return self.reader(**batch.inputs, starts=batch.starts, ends=batch.ends, span_valid=batch.span_valid)

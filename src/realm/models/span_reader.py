@@ -19,8 +19,7 @@ from torch import nn
 from transformers import BertModel, PreTrainedTokenizerBase
 
 from realm.common.io import write_dir_atomic
-from realm.common.tokenization import load_tokenizer, minilm_dir
-from realm.config import MINILM
+from realm.common.tokenization import MINILM, load_tokenizer, minilm_dir
 from realm.data.qa_examples import QAExample, has_answer, is_answer_span
 from realm.models.bert import fresh_weights, load_bert
 from realm.models.encoder import encode, pad_rows
@@ -32,7 +31,7 @@ SPAN_HEAD_FILE = "span_head.safetensors"
 READER_META = "reader.json"
 
 
-READER_SEED = 20200807
+SPAN_HEAD_SEED = 20200807
 
 MASKED = -1e4  # a finite "log 0": rows with nothing valid must not turn gradients into NaN
 
@@ -84,7 +83,7 @@ class SpanReader(nn.Module):
         if (folder / READER_META).is_file():
             meta = json.loads((folder / READER_META).read_text())
             span_hidden, max_span_width = meta["span_hidden"], meta["max_span_width"]
-        with fresh_weights(READER_SEED):  # the same fresh head on every run
+        with fresh_weights(SPAN_HEAD_SEED):  # the same fresh head on every run
             reader = cls(bert, load_tokenizer(folder), span_hidden, max_span_width)
         if (folder / SPAN_HEAD_FILE).is_file():
             reader.span_head.load_state_dict(load_file(folder / SPAN_HEAD_FILE))

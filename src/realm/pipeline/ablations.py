@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from realm.config import PretrainConfig
+from realm.eval.qa import compare_predictions
 from realm.pipeline.curves import plot_runs
-from realm.pipeline.document import Document
+from realm.pipeline.document import ReportDocument
 from realm.training import read_metrics
 
 
@@ -95,7 +96,6 @@ def predictions(run_dir: Path, stage: str) -> Path:
 def ablation_rows(r: dict, run_dir: Path, doc_tower: str, ict: bool) -> list[list]:
     """One row per ablation, with the paired difference over the same dev questions (dense retrieval, as the
     ablations vary the retriever's pretraining); a row whose runs have not finished yet shows dashes."""
-    from realm.eval.qa import compare_predictions
 
     rows = []
     for a in ablations(doc_tower, ict):
@@ -111,7 +111,7 @@ def ablation_rows(r: dict, run_dir: Path, doc_tower: str, ict: bool) -> list[lis
     return rows
 
 
-def ablation_table(doc: Document, rows: list[list]) -> None:
+def ablation_table(doc: ReportDocument, rows: list[list]) -> None:
     doc.heading("Ablations (the paper's, in miniature)")
     doc.paragraph(
         "Exact match on our dev questions after fine-tuning, each system with its own dense retriever; the paper's "
@@ -136,11 +136,11 @@ def ablation_table(doc: Document, rows: list[list]) -> None:
     )
 
 
-def ablation_curves(doc: Document, run_dir: Path, records: dict, doc_tower: str) -> None:
+def ablation_curves(doc: ReportDocument, run_dir: Path, records: dict) -> None:
     """The ablations' runs side by side: where a difference does not show at the end, the curves say whether it
     is opening (and so whether a larger budget would show it) or not there at all."""
     realm = [s for s in records if s == "realm" or (s.startswith("realm_") and not s.endswith("_index"))]
-    qa = [s for s in dict.fromkeys(["qa", *(a.other_stage for a in ablations(doc_tower, ict=True))]) if s in records]
+    qa = [s for s in records if s == "qa" or (s.startswith("qa_") and s != "qa_start")]  # fine-tuned systems
     figures = [
         (
             realm,

@@ -20,10 +20,19 @@ from pathlib import Path
 
 import numpy as np
 
+from realm.common.device import default_device
 from realm.common.io import write_json_atomic
 from realm.config import Preset, StageCosts
 from realm.data.blocks import META, BlockStore, Fingerprint, write_blocks
 from realm.data.qa_examples import QAExample
+from realm.data.sentences import build_sentences, tag_salient_spans
+from realm.eval.answerer import load_answerer
+from realm.eval.qa import evaluate_qa
+from realm.index.build import build_from_retriever
+from realm.models.retriever import Retriever
+from realm.recipes.finetune_qa import BEST, train_qa
+from realm.recipes.ict import train_ict
+from realm.recipes.pretrain import train_pretrain
 from realm.training import read_metrics
 
 log = logging.getLogger(__name__)
@@ -44,11 +53,10 @@ SCORED_SPANS_PER_BLOCK, SCORED_SPANS_MAX, SPAN_IN_RETRIEVAL_STEPS = 0.22, 2_850,
 def calibration_settings(preset: Preset) -> dict:
     """What the measurements depend on (the calibration stage's settings): the preset but its constant costs, the
     precision it computes in here, and the sample."""
-    from realm.common.device import default_device, resolve_compute_dtype
 
     return {
         "preset": {k: v for k, v in preset.to_dict().items() if k not in ("costs", "fp32_costs")},
-        "dtype": str(resolve_compute_dtype(preset.embed.compute_dtype, default_device())),
+        "dtype": str(preset.compute_dtype(default_device())),
         "sample": [SAMPLE_BLOCKS, SAMPLE_QUESTIONS, UNTIMED_STEPS, TIMED_STEPS],
     }
 
@@ -99,32 +107,13 @@ def calibrate(
     each, labelled for answers; the reader's top 5, longer the more blocks retrieval chooses from: 24% more time a
     step than on a sample of 384 blocks, docs/benchmarks.md). Raises ValueError where the data is too small for a
     trainer's batch."""
-    from realm.data.sentences import build_sentences, tag_salient_spans
-    from realm.eval.answerer import load_answerer
-    from realm.eval.qa import evaluate_qa
-    from realm.index.build import build_from_retriever
-    from realm.models.retriever import Retriever
-    from realm.recipes.finetune_qa import BEST, train_qa
-    from realm.recipes.ict import train_ict
-    from realm.recipes.pretrain import train_pretrain
 
     for entry in folder.iterdir():  # an interrupted calibration starts over: it is short
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     store = sample_corpus(BlockStore(corpus), folder / "corpus", SAMPLE_BLOCKS)
-    steps = UNTIMED_STEPS + TIMED_STEPS
     measured: dict[str, float] = {"blocks": len(store), "corpus_blocks": len(BlockStore(corpus))}
-
     if preset.ict.steps:  # 0: the run has no ICT stage
-        ict = dataclasses.replace(preset.ict, steps=steps, warmup_steps=1, checkpoint_every=NEVER, log_every=1)
-        train_ict(
-            store.folder,
-            folder / "ict",
-            str(warm_start / "retriever"),
-            dataclasses.replace(preset, ict=ict),
-            progress=False,
-        )
-        measured["ict_step"] = step_seconds(folder / "ict", UNTIMED_STEPS, steps)
-
+        measured["ict_step"] = _time_ict(store, warm_start, folder / "ict", preset)
     tag_salient_spans([], progress=False)  # the tagger's import, outside the timing
     measured["tag_blocks_per_second"] = len(store) / _timed(lambda: build_sentences(store, progress=False))
     retriever = Retriever.load(str(warm_start / "retriever"), preset.retriever)
@@ -133,6 +122,31 @@ def calibrate(
         lambda: build_from_retriever(retriever, store, index, preset.embed, preset.index, 0, time.time())
     )
     measured["embed_blocks_per_second"] = len(store) / embedding
+    measured |= _time_pretrain(store, warm_start, folder / "realm", preset)
+    if qa is not None:
+        measured |= _time_qa(*qa, warm_start, folder / "qa", preset)
+    for heavy in ("ict", "realm", "qa"):
+        for part in ("checkpoints", "retriever", "reader", "index"):
+            shutil.rmtree(folder / heavy / part, ignore_errors=True)
+    dtype = calibration_settings(preset)["dtype"].removeprefix("torch.")
+    return {"costs": asdict(measured_costs(preset, measured, dtype)), "measured": measured}
+
+
+STEPS = UNTIMED_STEPS + TIMED_STEPS  # each timed trainer's steps
+
+
+def _time_ict(store: BlockStore, warm_start: Path, out: Path, preset: Preset) -> float:
+    """Seconds an ICT step."""
+
+    ict = dataclasses.replace(preset.ict, steps=STEPS, warmup_steps=1, checkpoint_every=NEVER, log_every=1)
+    train_ict(store.folder, out, str(warm_start / "retriever"), dataclasses.replace(preset, ict=ict), progress=False)
+    return step_seconds(out, UNTIMED_STEPS, STEPS)
+
+
+def _time_pretrain(store: BlockStore, warm_start: Path, out: Path, preset: Preset) -> dict[str, float]:
+    """Seconds a REALM step on the null document (the warm-up) and, with candidates, a retrieval step (over the
+    index the caller built in out/index)."""
+
     retrieval = preset.pretrain.num_candidates > 1
     # the holder warm-up reads one block where another document holds the span, which the sample rarely has: its
     # cost is the context warm-up's (one block for every sentence), an upper bound
@@ -140,55 +154,48 @@ def calibrate(
     pretrain = dataclasses.replace(
         preset.pretrain,
         reader_warmup=reading,
-        steps=2 * steps if retrieval else steps,
-        null_warmup_steps=steps if retrieval else 0,
-        retriever_frozen_steps=steps if retrieval else 0,
+        steps=2 * STEPS if retrieval else STEPS,
+        null_warmup_steps=STEPS if retrieval else 0,
+        retriever_frozen_steps=STEPS if retrieval else 0,
         refresh_every=0,  # a retrieval step without the index builder: its share is costed by the preset's ratio
         warmup_steps=1,
         checkpoint_every=NEVER,
         log_every=1,
     )
-    train_pretrain(
-        store.folder,
-        folder / "realm",
-        str(warm_start / "retriever"),
-        str(warm_start / "reader"),
-        dataclasses.replace(preset, pretrain=pretrain),
-        progress=False,
-    )
-    measured["null_pretrain_step"] = step_seconds(folder / "realm", UNTIMED_STEPS, steps)
+    timed = dataclasses.replace(preset, pretrain=pretrain)
+    train_pretrain(store.folder, out, str(warm_start / "retriever"), str(warm_start / "reader"), timed, progress=False)
+    measured = {"null_pretrain_step": step_seconds(out, UNTIMED_STEPS, STEPS)}
     if retrieval:
-        measured["retrieval_pretrain_step"] = step_seconds(folder / "realm", steps + UNTIMED_STEPS, 2 * steps)
+        measured["retrieval_pretrain_step"] = step_seconds(out, STEPS + UNTIMED_STEPS, 2 * STEPS)
+    return measured
 
-    if qa is not None:
-        qa_train, qa_dev, qa_index = qa
-        batch = preset.qa.batch_size
-        if len(qa_train) < batch:
-            raise ValueError(f"{len(qa_train)} training questions: fewer than one batch of {batch}")
-        picked = np.random.default_rng(0).choice(len(qa_train), size=(steps + 1) * batch)
-        train = [qa_train[i] for i in picked]  # one epoch of steps + 1 steps: the last scores the dev sample
-        dev = list(qa_dev)[:SAMPLE_QUESTIONS]
-        tuned = dataclasses.replace(
-            preset,
-            qa=dataclasses.replace(preset.qa, steps=None, epochs=1, dev_limit=1, checkpoint_every=NEVER, log_every=1),
-        )
-        best = train_qa(str(warm_start), qa_index, train, dev, folder / "qa", tuned, progress=False)
-        measured["qa_step"] = step_seconds(folder / "qa", UNTIMED_STEPS, steps)
-        answerer = load_answerer(str(best), qa_index, tuned, preset.qa.retriever)
-        measured["qa_question"] = _timed(lambda: evaluate_qa(answerer, dev, (1, 5, 20))) / len(dev)
-        shutil.rmtree(folder / "qa" / BEST)
-    for heavy in (
-        "ict/checkpoints",
-        "ict/retriever",
-        "realm/checkpoints",
-        "realm/retriever",
-        "realm/reader",
-        "realm/index",
-        "qa/checkpoints",
-    ):
-        shutil.rmtree(folder / heavy, ignore_errors=True)
-    dtype = calibration_settings(preset)["dtype"].removeprefix("torch.")
-    return {"costs": asdict(measured_costs(preset, measured, dtype)), "measured": measured}
+
+def _time_qa(
+    qa_train: Sequence[QAExample],
+    qa_dev: Sequence[QAExample],
+    qa_index: Path,
+    warm_start: Path,
+    out: Path,
+    preset: Preset,
+) -> dict[str, float]:
+    """Seconds a QA fine-tuning step and a dev question (retrieval and reading) over the whole corpus's index."""
+
+    batch = preset.qa.batch_size
+    if len(qa_train) < batch:
+        raise ValueError(f"{len(qa_train)} training questions: fewer than one batch of {batch}")
+    picked = np.random.default_rng(0).choice(len(qa_train), size=(STEPS + 1) * batch)
+    train = [qa_train[i] for i in picked]  # one epoch of steps + 1 steps: the last scores the dev sample
+    dev = list(qa_dev)[:SAMPLE_QUESTIONS]
+    tuned = dataclasses.replace(
+        preset,
+        qa=dataclasses.replace(preset.qa, steps=None, epochs=1, dev_limit=1, checkpoint_every=NEVER, log_every=1),
+    )
+    best = train_qa(str(warm_start), qa_index, train, dev, out, tuned, progress=False)
+    measured = {"qa_step": step_seconds(out, UNTIMED_STEPS, STEPS)}
+    answerer = load_answerer(str(best), qa_index, tuned, preset.qa.retriever)
+    measured["qa_question"] = _timed(lambda: evaluate_qa(answerer, dev, (1, 5, 20))) / len(dev)
+    shutil.rmtree(out / BEST)
+    return measured
 
 
 def measured_costs(preset: Preset, measured: dict[str, float], dtype: str) -> StageCosts:

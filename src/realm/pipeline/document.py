@@ -11,7 +11,7 @@ from typing import Any
 
 
 @dataclass
-class Document:
+class ReportDocument:
     """Blocks rendered both as Markdown and as HTML, so the two reports always say the same thing."""
 
     blocks: list[tuple[str, Any]] = field(default_factory=list)

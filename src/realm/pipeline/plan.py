@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from realm.common.device import default_device, resolve_compute_dtype
+from realm.common.device import default_device
 from realm.common.io import write_json_atomic
 from realm.config import Preset, PretrainConfig, StageCosts
 from realm.data.sources import VITAL_ARTICLES
@@ -222,7 +222,7 @@ def plan_run(
     basis = {"budget_minutes": options.budget_minutes, "preset": preset.name, "workload": dataclasses.asdict(work)}
     path = Path(options.run_dir) / "plan.json"
     stored = json.loads(path.read_text()) if path.is_file() else {}
-    dtype = resolve_compute_dtype(preset.embed.compute_dtype, default_device())
+    dtype = preset.compute_dtype(default_device())
     costed = costed_for(preset, dtype)
     if calibration is not None:
         costed = dataclasses.replace(costed, costs=StageCosts(**calibration["costs"]))

@@ -1,6 +1,6 @@
 """The run report: `report.md` and `report.html` (plots inline), written only from the run's own records.
 
-Every number comes from a stage record (`<stage>/stage.json`), a trainer's `metrics.jsonl` or `plan.json`;
+Every number comes from a stage record (`<run>/stages/<stage>.json`), a trainer's `metrics.jsonl` or `plan.json`;
 the only constants are the paper's published numbers, shown beside ours and labelled as the paper's.
 """
 
@@ -12,12 +12,12 @@ from pathlib import Path
 from realm.common.io import write_atomic
 from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations, start_retriever
 from realm.pipeline.curves import CURVES, plot_curves
-from realm.pipeline.document import Document
+from realm.pipeline.document import ReportDocument
 from realm.pipeline.plan import PipelinePlan
 from realm.training import read_metrics
 
 
-def _configuration(doc: Document, r: dict, plan: PipelinePlan) -> None:
+def _configuration(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     preset = plan.preset
     doc.heading("Configuration")
     corpus = r.get("corpus", {})
@@ -79,7 +79,7 @@ def _sentence_usage(usage: dict | None) -> str | None:
     return f"{share}, every mask drawn by {usage['masking']} masking"
 
 
-def _stages(doc: Document, records: dict, plan: PipelinePlan) -> None:
+def _stages(doc: ReportDocument, records: dict, plan: PipelinePlan) -> None:
     doc.heading("Stages")
     estimated = {s.name: s.seconds for s in plan.stages}
     done = [
@@ -95,7 +95,7 @@ def _stages(doc: Document, records: dict, plan: PipelinePlan) -> None:
     doc.table(["stage", "estimated min", "took min", "finished"], done + pending)
 
 
-def _curves(doc: Document, run_dir: Path, records: dict) -> None:
+def _curves(doc: ReportDocument, run_dir: Path, records: dict) -> None:
     doc.heading("Training curves")
     for stage in CURVES:
         if stage in records:
@@ -117,7 +117,7 @@ READER_REASONS = {
 }
 
 
-def _qa_start(doc: Document, start: dict) -> None:
+def _qa_start(doc: ReportDocument, start: dict) -> None:
     doc.heading("Where QA fine-tuning started")
     recall = ", ".join(f"{label} {value:.2f}" for label, value in start["recall@5"].items())
     why = "fixed by --ablations, which compare REALM pretraining" if start["fixed"] else "the highest"
@@ -128,7 +128,7 @@ def _qa_start(doc: Document, start: dict) -> None:
     )
 
 
-def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
+def _qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     ev = r["eval"]
     chosen = r["qa_start"]["retriever"] if "qa_start" in r else "REALM"
     doc.heading("Retrieval recall on the dev questions")
@@ -193,7 +193,7 @@ def _qa_tables(doc: Document, r: dict, plan: PipelinePlan) -> None:
     )
 
 
-def _examples(doc: Document, r: dict, plan: PipelinePlan) -> None:
+def _examples(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     ex, scored = r["examples"], r["examples"]["with_retrieval"]
     doc.heading("Does retrieval help the language model? (held-out sentences)")
     doc.table(
@@ -288,7 +288,7 @@ def write_report(
     status = (
         "" if complete else f" **In progress:** {len(records)} stages done; the Stages table lists those still pending."
     )
-    doc = Document()
+    doc = ReportDocument()
     doc.heading(f"REALM pipeline report: {run_dir.name}", 1)
     doc.paragraph(
         f"Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `{command}`; this invocation took "
@@ -304,11 +304,11 @@ def write_report(
         _qa_tables(doc, r, plan)
     if has_ablations:
         ablation_table(doc, compared)
-        ablation_curves(doc, run_dir, records, doc_tower)
+        ablation_curves(doc, run_dir, records)
     if "examples" in r:
         _examples(doc, r, plan)
 
-    results = Document()
+    results = ReportDocument()
     results.heading(f"Results of `realm pipeline` ({run_dir.name})", 1)
     results.paragraph(f"Command: `{command}`. Written {time.strftime('%Y-%m-%d')} from the run's own records." + status)
     _configuration(results, r, plan)

@@ -21,12 +21,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from realm.config import MINILM, Preset
+from realm.common.tokenization import MINILM
+from realm.config import Preset
 from realm.data.qa_examples import QAExample, load_qa
+from realm.index.mips import MipsIndex
+from realm.models.mlm_reader import Reader
+from realm.models.retriever import Retriever
 from realm.pipeline import work as stage_work
 from realm.pipeline.ablations import ablation_variants
+from realm.pipeline.calibrate import calibrate, calibration_settings
 from realm.pipeline.plan import PipelineOptions, PipelinePlan, Workload, paced_preset, plan_run
+from realm.pipeline.report import write_report
 from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metrics
+from realm.recipes.finetune_qa import qa_settings
+from realm.recipes.ict import ict_settings, train_ict
+from realm.recipes.pretrain import SENTENCE_USAGE, pretrain_settings, train_pretrain
 
 log = logging.getLogger(__name__)
 PLANNED_AFTER = ("corpus", "warm_start", "baseline_index", "calibration")  # their seconds count against the budget
@@ -71,8 +80,6 @@ class Pipeline:
 
     def warm_start(self) -> StageRecord:
         """Both towers and the reader as the later stages start from them, saved so every stage reads the same."""
-        from realm.models.mlm_reader import Reader
-        from realm.models.retriever import Retriever
 
         preset = self.base_preset
 
@@ -87,22 +94,19 @@ class Pipeline:
         )
 
     def ict(self, preset: Preset, warm: StageRecord, corpus: StageRecord) -> StageRecord:
-        from realm.recipes.ict import train_ict
 
         def work(folder: Path, resume: bool) -> dict:
             train_ict(
-                self.run_dir / "corpus",
+                self.stages.output("corpus"),
                 folder,
-                str(self.run_dir / "warm_start" / "retriever"),
+                str(self.stages.output("warm_start", "retriever")),
                 preset,
                 resume=resume,
                 progress=self.options.progress,
             )
             return last_metrics(folder)
 
-        return self.stages.run(
-            "ict", {"after": [corpus.fingerprint, warm.fingerprint], "ict": dataclasses.asdict(preset.ict)}, work
-        )
+        return self.stages.run("ict", {"after": [corpus.fingerprint, warm.fingerprint]} | ict_settings(preset), work)
 
     def index(self, name: str, retriever_folder: Path, preset: Preset, after: list[StageRecord]) -> StageRecord:
         """Embed the corpus with a retriever's document tower (zero-shot recall, and the ICT-only baseline)."""
@@ -117,15 +121,13 @@ class Pipeline:
 
     def pretrain(self, name: str, preset: Preset, start: StageRecord, warm: StageRecord) -> StageRecord:
         """REALM pretraining from `start`'s retriever (ICT's, or the warm start's), whose index it builds first."""
-        from realm.index.mips import MipsIndex
-        from realm.recipes.pretrain import SENTENCE_USAGE, train_pretrain
 
         def work(folder: Path, resume: bool) -> dict:
             train_pretrain(
-                self.run_dir / "corpus",
+                self.stages.output("corpus"),
                 folder,
-                str(self.run_dir / start.name / "retriever"),
-                str(self.run_dir / "warm_start" / "reader"),
+                str(self.stages.output(start, "retriever")),
+                str(self.stages.output("warm_start", "reader")),
                 preset,
                 resume=resume,
                 progress=self.options.progress,
@@ -134,8 +136,8 @@ class Pipeline:
             sentences = json.loads((folder / SENTENCE_USAGE).read_text())
             return last_metrics(folder) | {"index_version": MipsIndex(folder / "index").version, "sentences": sentences}
 
-        settings = {"after": [start.fingerprint, warm.fingerprint], "pretrain": dataclasses.asdict(preset.pretrain)}
-        return self.stages.run(name, settings | {"embed": dataclasses.asdict(preset.embed)}, work)
+        settings = {"after": [start.fingerprint, warm.fingerprint]} | pretrain_settings(preset)  # all it reads
+        return self.stages.run(name, settings, work)
 
     def finetune(
         self,
@@ -155,9 +157,8 @@ class Pipeline:
                 model_folder, index_folder, reader, *data, preset, folder, resume, self.options.progress, evaluate
             )
 
-        settings = {
+        settings = qa_settings(preset) | {
             "after": [r.fingerprint for r in after],
-            "qa": dataclasses.asdict(preset.qa),
             "evaluate": evaluate,
             "reader": str(reader) if reader else None,
             "data": [describe_input(str(self.options.qa_train)), describe_input(str(self.options.qa_dev))],
@@ -168,7 +169,7 @@ class Pipeline:
         """The retriever and reader QA fine-tunes from (work.py: choose_qa_start), never a worse retriever than the
         run has, silently; with --ablations REALM's own, whose pretraining the ablations measure."""
         fixed = "REALM" if self.options.ablations else None
-        folders = {label: (self.run_dir / stage.name / "index", path) for label, (stage, path) in retrievers.items()}
+        folders = {label: (self.stages.output(stage, "index"), path) for label, (stage, path) in retrievers.items()}
         reader = fixed or QA_READER
         after = [stage.fingerprint for stage, _ in retrievers.values()]
         settings = {
@@ -187,12 +188,12 @@ class Pipeline:
         and hybrid retrieval, and zero-shot recall of each retriever before fine-tuning (`zero_shot`: row label ->
         (its index stage, the retriever))."""
         retrievers = {
-            label: (self.run_dir / stage.name / "index", folder) for label, (stage, folder) in zero_shot.items()
+            label: (self.stages.output(stage, "index"), folder) for label, (stage, folder) in zero_shot.items()
         }
 
         def work(folder: Path, resume: bool) -> dict:
             return stage_work.evaluate_systems(
-                self.run_dir / qa.name / "best",
+                self.stages.output(qa, "best"),
                 index_folder,
                 retrievers,
                 self.qa_dev,
@@ -210,7 +211,7 @@ class Pipeline:
         """The paper's Table 3 in miniature, and masked-span accuracy with and without retrieval (held out)."""
 
         def work(folder: Path, resume: bool) -> dict:
-            return stage_work.pretraining_examples(self.run_dir / "corpus", self.run_dir / realm.name, preset)
+            return stage_work.pretraining_examples(self.stages.output("corpus"), self.stages.output(realm), preset)
 
         return self.stages.run(
             "examples",
@@ -221,7 +222,6 @@ class Pipeline:
     # -- the run --------------------------------------------------------------------------------------
     def report(self, complete: bool) -> Path | None:
         """The report of the stages finished so far (none before the plan exists)."""
-        from realm.pipeline.report import write_report
 
         if self.plan is None:
             return None
@@ -232,14 +232,13 @@ class Pipeline:
     def calibration(self, corpus: StageRecord, warm: StageRecord, warm_index: StageRecord | None) -> dict | None:
         """This machine's stage costs, measured on a sample of the run's data, QA on the off-the-shelf index of the
         whole corpus (`warm_index`: the reader's blocks are those retrieval picks there) (None: too little data)."""
-        from realm.pipeline.calibrate import calibrate, calibration_settings
 
         preset = self.base_preset
 
         def work(folder: Path, resume: bool) -> dict:
-            qa = (self.qa_train, self.qa_dev, self.run_dir / "baseline_index" / "index") if warm_index else None
+            qa = (self.qa_train, self.qa_dev, self.stages.output("baseline_index", "index")) if warm_index else None
             try:
-                return calibrate(self.run_dir / "corpus", self.run_dir / "warm_start", folder, preset, qa)
+                return calibrate(self.stages.output("corpus"), self.stages.output("warm_start"), folder, preset, qa)
             except ValueError as err:  # e.g. fewer blocks than an ICT batch: the preset's constants will do
                 return {"fallback": str(err)}
 
@@ -273,7 +272,9 @@ class Pipeline:
         warm = self.warm_start()
         # the off-the-shelf index over the whole corpus: QA is calibrated on it, then measured against it
         warm_index = (
-            self.index("baseline_index", self.run_dir / "warm_start" / "retriever", self.base_preset, [warm, corpus])
+            self.index(
+                "baseline_index", self.stages.output("warm_start", "retriever"), self.base_preset, [warm, corpus]
+            )
             if self.qa_train
             else None
         )
@@ -286,27 +287,27 @@ class Pipeline:
         realm = self.pretrain("realm", self.paced("realm"), start, warm)
         if warm_index is not None:
             start_index = warm_index
-            retrievers = {"off-the-shelf": (warm_index, self.run_dir / "warm_start" / "retriever")}
+            retrievers = {"off-the-shelf": (warm_index, self.stages.output("warm_start", "retriever"))}
             if preset.ict.steps:
-                start_index = self.index("ict_index", self.run_dir / "ict" / "retriever", preset, [start, corpus])
-                retrievers["ICT"] = (start_index, self.run_dir / "ict" / "retriever")
-            realm_index = self.index("realm_index", self.run_dir / "realm" / "retriever", preset, [realm, corpus])
-            retrievers["REALM"] = (realm_index, self.run_dir / "realm" / "retriever")
+                start_index = self.index("ict_index", self.stages.output("ict", "retriever"), preset, [start, corpus])
+                retrievers["ICT"] = (start_index, self.stages.output("ict", "retriever"))
+            realm_index = self.index("realm_index", self.stages.output("realm", "retriever"), preset, [realm, corpus])
+            retrievers["REALM"] = (realm_index, self.stages.output("realm", "retriever"))
             chosen = self.qa_start(preset, retrievers)
             index_stage, retriever_folder = retrievers[chosen.result["retriever"]]
-            index_folder = self.run_dir / index_stage.name / "index"
-            reader = self.run_dir / QA_READERS[chosen.result["reader"]] / "reader"
+            index_folder = self.stages.output(index_stage, "index")
+            reader = self.stages.output(QA_READERS[chosen.result["reader"]], "reader")
             qa = self.finetune("qa", retriever_folder.parent, index_folder, self.paced("qa"), [chosen], reader=reader)
             self.evaluate(preset, qa, retrievers, index_folder)
         self.examples(preset, realm)
         if self.options.ablations:
             self.finetune(
                 "qa_ict",
-                self.run_dir / start.name,
-                self.run_dir / start_index.name / "index",
+                self.stages.output(start),
+                self.stages.output(start_index, "index"),
                 self.paced("qa_ict"),
                 [start_index],
-                reader=self.run_dir / "warm_start" / "reader",
+                reader=self.stages.output("warm_start", "reader"),
                 evaluate=True,
             )
             for variant, changes in ablation_variants(preset.pretrain).items():
@@ -314,12 +315,12 @@ class Pipeline:
                 varied = dataclasses.replace(paced, pretrain=dataclasses.replace(paced.pretrain, **changes))
                 pretrained = self.pretrain(f"realm_{variant}", varied, start, warm)
                 index = self.index(
-                    f"realm_{variant}_index", self.run_dir / pretrained.name / "retriever", preset, [pretrained, corpus]
+                    f"realm_{variant}_index", self.stages.output(pretrained, "retriever"), preset, [pretrained, corpus]
                 )
                 self.finetune(
                     f"qa_{variant}",
-                    self.run_dir / pretrained.name,
-                    self.run_dir / index.name / "index",
+                    self.stages.output(pretrained),
+                    self.stages.output(index, "index"),
                     self.paced(f"qa_{variant}"),
                     [index],
                     evaluate=True,

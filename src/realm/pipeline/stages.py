@@ -67,6 +67,10 @@ class Stages:
         self.on_finish = on_finish  # after each stage that ran
         self.records: dict[str, StageRecord] = {}
 
+    def output(self, stage: str | StageRecord, *parts: str) -> Path:
+        """A path inside a stage's folder (`stage`: its name, or its record), e.g. output("realm", "retriever")."""
+        return self.run_dir.joinpath(stage if isinstance(stage, str) else stage.name, *parts)
+
     def _record_path(self, name: str) -> Path:
         return self.run_dir / STAGES / f"{name}.json"
 

@@ -10,8 +10,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from realm.common.device import default_device
+from realm.common.tokenization import load_tokenizer, resolve_tokenizer_dir
 from realm.config import Preset
+from realm.data.blocks import BlockStore, build_corpus
 from realm.data.qa_examples import QAExample
+from realm.data.recoverable import SpanFinder
+from realm.data.sentences import SentenceSet, sentences_path
+from realm.eval.answerer import load_answerer
+from realm.eval.mlm import masked_span_accuracy, worked_examples
+from realm.eval.qa import compare_predictions, evaluate_qa
+from realm.eval.retrieval import recall_at_k
+from realm.index.build import build_from_retriever
+from realm.index.mips import MipsIndex
+from realm.index.search import open_searcher, search_all
+from realm.models.mlm_reader import Reader
+from realm.models.realm import RealmModel
+from realm.models.retriever import Retriever
+from realm.pipeline.stages import last_metrics
+from realm.recipes.finetune_qa import train_qa
 
 RECALL_KS = (1, 5, 20)
 EXAMPLE_POOL = 100  # held-out sentences searched for the worked examples
@@ -23,8 +40,6 @@ SCORING: dict[str, Any] = {"limit": 1000, "every_span": True}
 def build_corpus_folder(
     inputs: Sequence[str], folder: Path, tokenizer_spec: str, preset: Preset, progress: bool
 ) -> dict:
-    from realm.common.tokenization import load_tokenizer, resolve_tokenizer_dir
-    from realm.data.blocks import build_corpus
 
     tokenizer = load_tokenizer(resolve_tokenizer_dir(tokenizer_spec))
     meta = build_corpus(list(inputs), folder, tokenizer, preset.corpus, progress=progress)
@@ -45,9 +60,6 @@ def run_indexes(run_dir: Path) -> list[Path]:
 def build_index_folder(retriever_folder: Path, run_dir: Path, index_dir: Path, preset: Preset, progress: bool) -> dict:
     """An index of the retriever's document tower over the run's corpus, copied from one of the run's indexes where
     the same document tower built it."""
-    from realm.data.blocks import BlockStore
-    from realm.index.build import build_from_retriever
-    from realm.models.retriever import Retriever
 
     retriever = Retriever.load(str(retriever_folder), preset.retriever)
     store = BlockStore(run_dir / "corpus")
@@ -70,10 +82,6 @@ def finetune(
     evaluate: bool,
 ) -> dict:
     """Fine-tune on `train` (dev EM after each epoch), and with `evaluate` score the best model on all of `dev`."""
-    from realm.eval.answerer import load_answerer
-    from realm.eval.qa import evaluate_qa
-    from realm.pipeline.stages import last_metrics
-    from realm.recipes.finetune_qa import train_qa
 
     best = train_qa(
         str(model_folder),
@@ -101,14 +109,10 @@ def zero_shot_recall(
     index_dir: Path, retriever_folder: Path, examples: Sequence[QAExample], ks: Sequence[int], preset: Preset
 ) -> dict[str, float]:
     """recall@k (percent, rounded to 0.01) of a retriever over the index its document tower built."""
-    from realm.eval.retrieval import recall_at_k
-    from realm.index.mips import MipsIndex
-    from realm.index.search import DenseSearcher, search_all
-    from realm.models.retriever import Retriever
 
     index = MipsIndex(index_dir)
     retriever = Retriever.load(str(retriever_folder), index.retriever_config(preset.retriever))
-    hits = search_all(DenseSearcher(index, retriever), [e.question for e in examples], max(ks))
+    hits = search_all(open_searcher(index, "dense", retriever), [e.question for e in examples], max(ks))
     return {k: round(v, 2) for k, v in recall_at_k(examples, hits, ks).items()}
 
 
@@ -148,8 +152,6 @@ def evaluate_systems(
     """EM, recall@k and outcomes of the fine-tuned model `best` with each retriever (dense over `index_folder`,
     BM25, hybrid), the paired EM differences between them; recall@k of each zero-shot retriever
     (label -> (its index folder, the retriever folder))."""
-    from realm.eval.answerer import load_answerer
-    from realm.eval.qa import compare_predictions, evaluate_qa
 
     result: dict = {}
     for kind in SYSTEMS:
@@ -167,14 +169,6 @@ def evaluate_systems(
 def held_out_scoring(corpus: Path, realm_run: Path, preset: Preset) -> tuple:
     """What scoring a `train pretrain` output on held-out sentences of `corpus` reads: (model on its device,
     the held-out sentences with a maskable salient span, the corpus, the run's index, the span lookup)."""
-    from realm.common.device import default_device
-    from realm.data.blocks import BlockStore
-    from realm.data.recoverable import SpanFinder
-    from realm.data.sentences import SentenceSet, sentences_path
-    from realm.index.mips import MipsIndex
-    from realm.models.mlm_reader import Reader
-    from realm.models.realm import RealmModel
-    from realm.models.retriever import Retriever
 
     store = BlockStore(corpus)
     model = RealmModel(
@@ -188,7 +182,6 @@ def held_out_scoring(corpus: Path, realm_run: Path, preset: Preset) -> tuple:
 
 def pretraining_examples(corpus: Path, realm_run: Path, preset: Preset) -> dict:
     """Worked examples and masked-span accuracy of a `train pretrain` output on held-out sentences of `corpus`."""
-    from realm.eval.mlm import masked_span_accuracy, worked_examples
 
     model, held_out, store, index, finder = held_out_scoring(corpus, realm_run, preset)
     k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks

@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
 
-from realm.common.device import autocast, default_device, resolve_compute_dtype
+from realm.common.device import autocast, default_device
 from realm.common.io import write_dir_atomic
-from realm.config import Preset, record_run_config
+from realm.config import Preset, QAConfig, RetrieverConfig, record_run_config
 from realm.data.blocks import BlockStore
 from realm.data.qa_examples import QAExample, has_answer
 from realm.eval.answerer import Answerer
@@ -31,23 +32,20 @@ from realm.index.mips import MipsIndex
 from realm.index.search import (
     HYBRID_POOL,
     BM25Searcher,
-    DenseSearcher,
-    HybridSearcher,
     Searcher,
     hybrid_ranking,
     hybrid_top,
+    open_searcher,
 )
 from realm.models.orqa import QABatch, QAModel
-from realm.models.span_reader import matching_spans, reader_batch
+from realm.models.span_reader import matching_spans
 from realm.training import (
     DataOrder,
-    DataPosition,
     MetricsLog,
     bert_optimizer,
-    latest_checkpoint,
     linear_schedule,
-    load_checkpoint,
     optimizer_step,
+    resume_training,
     save_checkpoint,
     setup_distributed,
 )
@@ -98,8 +96,8 @@ def make_qa_batch(
     beam_vectors = torch.from_numpy(index.stored_vectors(np.where(valid, ids, index.block_ids[0])))  # (B, R, D)
     if (top < 0).any():
         raise ValueError(f"the index holds fewer than k={k} blocks")
-    blocks = [model.blocks([bodies[int(i)] for i in row], store.config.max_block_tokens) for row in top]
-    reader = reader_batch(model.reader.tokenizer, model.question_ids(questions), blocks)
+    texts = [[bodies[int(i)] for i in row] for row in top]
+    reader, blocks = model.reader_inputs(questions, texts, store.config.max_block_tokens)
     match = torch.zeros_like(reader.span_valid)
     for n, (example, block_id, spans) in enumerate(
         (e, int(i), s) for e, row, srow in zip(examples, top, blocks) for i, s in zip(row, srow)
@@ -119,8 +117,8 @@ def make_qa_batch(
 
 def qa_searcher(model: QAModel, index: MipsIndex, store: BlockStore, sparse: BM25Searcher | None) -> Searcher:
     """The searcher fine-tuning trains for: dense, or hybrid with the model's current BM25 weight."""
-    dense = DenseSearcher(index, model.retriever, store)
-    return dense if sparse is None else HybridSearcher(dense, sparse, model.fusion_weight)
+    kind = "dense" if sparse is None else "hybrid"
+    return open_searcher(index, kind, model.retriever, model.fusion_weight, store, sparse)
 
 
 def save_best(model: QAModel, folder: Path, dev: dict) -> None:
@@ -131,6 +129,36 @@ def save_best(model: QAModel, folder: Path, dev: dict) -> None:
         (tmp / "dev.json").write_text(json.dumps(dev, indent=2) + "\n")
 
     write_dir_atomic(folder, write)
+
+
+def qa_settings(preset: Preset, retriever: RetrieverConfig | None = None) -> dict:
+    """Every setting QA fine-tuning reads: its config.json, and its stage's fingerprint in the pipeline. The
+    retriever's settings are the index's (`retriever`: its pooling and sizes) where one is given."""
+    retriever = retriever or preset.retriever
+    return {"qa": asdict(preset.qa), "retriever": asdict(retriever), "compute_dtype": preset.embed.compute_dtype}
+
+
+def _optimizer(model: QAModel, cfg: QAConfig, total: int) -> tuple[torch.optim.Optimizer, LambdaLR]:
+    """AdamW with the fresh span head, the query tower and the hybrid's BM25 weight at their own rates."""
+    optimizer = bert_optimizer(
+        model,
+        cfg.lr,
+        prefix_lrs={
+            "reader.span_head.": cfg.lr * cfg.head_lr_multiplier,
+            "retriever.": cfg.lr if cfg.retriever_lr is None else cfg.retriever_lr,
+            "bm25_weight": cfg.fusion_lr,
+        },
+    )
+    return optimizer, linear_schedule(optimizer, cfg.warmup_steps(total), total)
+
+
+def dev_exact_match(answerer: Answerer, questions: list[QAExample], epoch: int) -> float:
+    """Exact match on the dev questions, the model in eval mode for it (back in training mode after)."""
+    answerer.model.eval()
+    em = evaluate_qa(answerer, questions, recall_ks=())["exact_match"]
+    answerer.model.train()
+    log.info("epoch %d: dev exact match %.2f on %d questions", epoch, em, len(questions))
+    return em
 
 
 def train_qa(
@@ -150,7 +178,7 @@ def train_qa(
     cfg = preset.qa
     d = setup_distributed()
     device = default_device()
-    dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
+    dtype = preset.compute_dtype(device)
     torch.manual_seed(cfg.seed + d.rank)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,49 +186,22 @@ def train_qa(
     store = index.corpus()
     config = index.retriever_config(preset.retriever)  # pooling etc. of the index's model
     model = QAModel.load(model_spec, config, cfg.span_hidden, cfg.max_span_width, reader=reader_spec)
-    DenseSearcher(index, model.retriever, store)  # refuses an index built by another document tower
+    index.check_doc_tower(model.retriever.doc_fingerprint())  # refuses an index built by another document tower
     if cfg.retriever not in ("dense", "hybrid"):
         raise ValueError(f"QA fine-tuning retrieves with 'dense' or 'hybrid', not {cfg.retriever!r}")
-    sparse = BM25Searcher(store) if cfg.retriever == "hybrid" else None
+    sparse = BM25Searcher(store) if cfg.retriever == "hybrid" else None  # built once, kept for every epoch
     model.to(device).train()
     k = min(cfg.top_k, len(index.block_ids))
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
     total = cfg.total_steps(len(train))
-    optimizer = bert_optimizer(
-        model,
-        cfg.lr,
-        prefix_lrs={
-            "reader.span_head.": cfg.lr * cfg.head_lr_multiplier,
-            "retriever.": cfg.lr if cfg.retriever_lr is None else cfg.retriever_lr,
-            "bm25_weight": cfg.fusion_lr,
-        },
-    )
-    scheduler = linear_schedule(optimizer, cfg.warmup_steps(total), total)
+    optimizer, scheduler = _optimizer(model, cfg, total)
     order = DataOrder(len(train), cfg.seed)
-    step, position, best_em = 0, DataPosition(), -1.0
     if d.main:
-        record_run_config(
-            out,
-            {
-                "recipe": "finetune_qa",
-                "model": model_spec,
-                "reader": reader_spec,
-                "index": str(index_dir),
-                "index_version": index.version,
-                "qa": asdict(cfg),
-                "retriever": asdict(config),
-                "compute_dtype": preset.embed.compute_dtype,
-                "train_questions": len(train),
-                "dev_questions": len(dev),
-            },
-            resume,
-            allow_config_change,
-        )
-    found = latest_checkpoint(out) if resume else None
-    if found is not None:
-        step, position, state = load_checkpoint(found, model, optimizer, scheduler, d)
-        best_em = state.get("best_em", -1.0)
-        log.info("resumed QA fine-tuning from %s (step %d)", found, step)
+        run = {"recipe": "finetune_qa", "model": model_spec, "reader": reader_spec, "index": str(index_dir)}
+        data = {"index_version": index.version, "train_questions": len(train), "dev_questions": len(dev)}
+        record_run_config(out, run | qa_settings(preset, config) | data, resume, allow_config_change)
+    step, position, state = resume_training(out, resume, model, optimizer, scheduler, d, "QA fine-tuning")
+    best_em = state.get("best_em", -1.0)
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
     dev_part = list(dev)[: cfg.dev_limit]
     metrics_log = MetricsLog(out, total, step, d, "QA", progress)
@@ -220,38 +221,17 @@ def train_qa(
                 "lr": scheduler.get_last_lr()[0],
             }
             end_of_epoch = step % steps_per_epoch == 0 or step == total  # epochs counted in steps
-            epoch = math.ceil(step / steps_per_epoch)
             if end_of_epoch and d.main:
-                model.eval()
-                em = evaluate_qa(
-                    Answerer(
-                        model,
-                        qa_searcher(model, index, store, sparse),
-                        k,
-                        store.config.max_block_tokens,
-                        dtype=dtype,
-                        selection=cfg.answer_selection,
-                    ),
-                    dev_part,
-                    recall_ks=(),
-                )["exact_match"]
-                model.train()
-                metrics["dev_em"] = em
-                metrics["bm25_weight"] = model.fusion_weight
-                log.info("epoch %d: dev exact match %.2f on %d questions", epoch, em, len(dev_part))
+                answerer = Answerer(
+                    model, qa_searcher(model, index, store, sparse), k, store.config.max_block_tokens, dtype=dtype,
+                    selection=cfg.answer_selection,
+                )  # fmt: skip
+                em = dev_exact_match(answerer, dev_part, math.ceil(step / steps_per_epoch))
+                metrics |= {"dev_em": em, "bm25_weight": model.fusion_weight}
                 if em > best_em:
                     best_em = em
-                    save_best(
-                        model,
-                        out / BEST,
-                        {
-                            "exact_match": em,
-                            "epoch": epoch,
-                            "step": step,
-                            "questions": len(dev_part),
-                            "time": time.time(),
-                        },
-                    )
+                    best = {"exact_match": em, "epoch": math.ceil(step / steps_per_epoch), "step": step}
+                    save_best(model, out / BEST, best | {"questions": len(dev_part), "time": time.time()})
             metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or end_of_epoch)
             if step % cfg.checkpoint_every == 0 or end_of_epoch:
                 save_checkpoint(out, step, model, optimizer, scheduler, position, d, extra={"best_em": best_em})

@@ -17,7 +17,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedTokenizerBase
 
-from realm.common.device import autocast, default_device, resolve_compute_dtype
+from realm.common.device import autocast, default_device
 from realm.config import CorpusConfig, Preset, record_run_config
 from realm.data.blocks import BlockStore, sentence_starts
 from realm.models.ict import ICTModel
@@ -25,14 +25,12 @@ from realm.models.inputs import encode_blocks, pad_batch
 from realm.models.retriever import Retriever
 from realm.training import (
     DataOrder,
-    DataPosition,
     MetricsLog,
     bert_optimizer,
     example_rng,
-    latest_checkpoint,
     linear_schedule,
-    load_checkpoint,
     optimizer_step,
+    resume_training,
     save_checkpoint,
     setup_distributed,
 )
@@ -74,6 +72,13 @@ def make_ict_batch(
     return query, pad_batch(ids, types, tokenizer.pad_token_id)
 
 
+def ict_settings(preset: Preset, steps: int | None = None) -> dict:
+    """Every setting ICT reads (`steps`: the length it trains, if not the preset's): its config.json, and its
+    stage's fingerprint in the pipeline."""
+    ict = dataclasses.replace(preset.ict, steps=steps or preset.ict.steps)
+    return {"ict": asdict(ict), "retriever": asdict(preset.retriever), "compute_dtype": preset.embed.compute_dtype}
+
+
 def train_ict(
     corpus: Path,
     out: Path,
@@ -89,7 +94,7 @@ def train_ict(
     steps = steps or cfg.steps
     d = setup_distributed()
     device = default_device()
-    dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
+    dtype = preset.compute_dtype(device)
     torch.manual_seed(cfg.seed + d.rank)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,25 +109,10 @@ def train_ict(
     model = ICTModel(retriever)
     optimizer = bert_optimizer(model, cfg.lr)
     scheduler = linear_schedule(optimizer, cfg.warmup_steps, steps)
-    step, position = 0, DataPosition()
     if d.main:
-        record_run_config(
-            out,
-            {
-                "recipe": "ict",
-                "corpus": str(corpus),
-                "model": model_spec,
-                "ict": asdict(dataclasses.replace(cfg, steps=steps)),
-                "retriever": asdict(preset.retriever),
-                "compute_dtype": preset.embed.compute_dtype,
-            },
-            resume,
-            allow_config_change,
-        )
-    found = latest_checkpoint(out) if resume else None
-    if found is not None:
-        step, position, _ = load_checkpoint(found, model, optimizer, scheduler, d)
-        log.info("resumed ICT from %s (step %d)", found, step)
+        run = {"recipe": "ict", "corpus": str(corpus), "model": model_spec}
+        record_run_config(out, run | ict_settings(preset, steps), resume, allow_config_change)
+    step, position, _ = resume_training(out, resume, model, optimizer, scheduler, d, "ICT")
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
     tokenizer = retriever.tokenizer
     metrics_log = MetricsLog(out, steps, step, d, "ICT", progress)

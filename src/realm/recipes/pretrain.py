@@ -13,15 +13,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
 
-from realm.common.device import autocast, default_device, resolve_compute_dtype
+from realm.common.device import autocast, default_device
 from realm.common.io import write_json_atomic
 from realm.config import Preset, PretrainConfig, record_run_config
 from realm.data.blocks import BlockStore
@@ -29,7 +30,7 @@ from realm.data.recoverable import SpanFinder
 from realm.data.sentences import SentenceSet, build_sentences, mask_sentence, sentences_path
 from realm.index.build import build_from_retriever
 from realm.index.mips import MipsIndex, current_version
-from realm.index.refresh import STOP_FILE, BuilderConfig, RefreshPolicy, save_snapshot, share_cores, start_builder
+from realm.index.refresh import BuilderConfig, IndexBuilder, RefreshPolicy, save_snapshot
 from realm.index.search import retrieve
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmBatch, RealmModel, estimate_mask_center, make_batch, pad_queries
@@ -37,16 +38,15 @@ from realm.models.retriever import Retriever
 from realm.recipes.warmup import WarmupReading, warmup_reading
 from realm.training import (
     DataOrder,
-    DataPosition,
     Dist,
     MetricsLog,
+    barrier,
     bert_optimizer,
     broadcast,
     example_rng,
-    latest_checkpoint,
     linear_schedule,
-    load_checkpoint,
     optimizer_step,
+    resume_training,
     save_checkpoint,
     setup_distributed,
 )
@@ -118,6 +118,41 @@ def global_token_mean(loss: torch.Tensor, tokens: torch.Tensor, d: Dist) -> torc
     return loss * tokens.float() * d.world_size / total.clamp(min=1)
 
 
+@dataclass(frozen=True)
+class PretrainRun:
+    """The folder of a pretraining run: checkpoints and metrics (training.py), config.json, and these."""
+
+    out: Path
+
+    @property
+    def index(self) -> Path:  # every version the trainer and its builder published
+        return self.out / "index"
+
+    @property
+    def snapshots(self) -> Path:  # retriever snapshots for the builder
+        return self.out / "snapshots"
+
+    @property
+    def sentence_usage(self) -> Path:
+        return self.out / SENTENCE_USAGE
+
+    def save(self, model: RealmModel) -> None:
+        """The trained towers and reader, as `--retriever`/`--reader` (and Retriever.load/Reader.load) read them."""
+        model.export_null_score()
+        model.retriever.save(self.out / "retriever")
+        model.reader.save(self.out / "reader")
+
+
+def pretrain_settings(preset: Preset) -> dict:
+    """Every preset section pretraining reads: its config.json, and its stage's fingerprint in the pipeline."""
+    return {
+        "pretrain": asdict(preset.pretrain),
+        "retriever": asdict(preset.retriever),
+        "embed": asdict(preset.embed),
+        "index": asdict(preset.index),
+    }
+
+
 def train_pretrain(
     corpus: Path,
     out: Path,
@@ -131,28 +166,121 @@ def train_pretrain(
 ) -> Path:
     """REALM pretraining into `out`. `reuse_indexes`: index folders whose embeddings the first index may copy when
     the same document tower built them over this corpus (index/build.py: build_index)."""
+    cfg, run = preset.pretrain, PretrainRun(Path(out))
+    _check_steps(preset)
+    d = setup_distributed()
+    device = default_device()
+    dtype = preset.compute_dtype(device)
+    torch.manual_seed(cfg.seed + d.rank)
+    run.out.mkdir(parents=True, exist_ok=True)
+    store = BlockStore(corpus)
+    model = RealmModel(
+        Retriever.load(retriever_spec, preset.retriever), Reader.load(reader_spec, preset.retriever.shape)
+    )
+    finder, sentences = training_sentences(store, model, preset, run, progress, d)
+    order = DataOrder(len(sentences), cfg.seed)
+    optimizer, scheduler = _optimizer(model.to(device).train(), cfg)
+    if d.main:
+        models = {"corpus": str(corpus), "retriever_model": retriever_spec, "reader_model": reader_spec}
+        record_run_config(
+            run.out, {"recipe": "pretrain", **models, **pretrain_settings(preset)}, resume, allow_config_change
+        )
+    step, position, _ = resume_training(run.out, resume, model, optimizer, scheduler, d, "REALM pretraining")
+    if step == 0 and cfg.mask_center_momentum > 0:
+        estimate_mask_center(model.retriever, sentences, cfg, preset.retriever.query_max_tokens, device)
+
+    retrieval = cfg.num_candidates > 1  # 1: the null document alone, i.e. masked-LM without retrieval (a baseline)
+    refresh = retrieval and cfg.doc_tower == "trained"  # a fixed document tower keeps the first index exact
+    policy = RefreshPolicy(cfg.refresh_every if refresh else 0, start_step=cfg.towers_start_step)
+    # The first index and every rebuild use the same settings: the builder process receives these as JSON.
+    config = BuilderConfig(preset.embed, preset.index, preset.retriever, policy.every_steps)
+    builder = IndexBuilder(run.out, Path(corpus), config, cfg.builder, cfg.builder_nice)
+    index = first_index(model, store, run, builder.config, step, progress, reuse_indexes, d) if retrieval else None
+    if d.main and not policy.frozen:
+        builder.start()
+    warmup = warmup_reading(cfg.reader_warmup, store, finder, index) if retrieval else None
+    # a batch of the null document alone (the baseline, the warm-up) leaves the towers out of the graph
+    null_batches = not retrieval or cfg.null_warmup_steps > 0
+    trained = DistributedDataParallel(model, find_unused_parameters=null_batches) if d.world_size > 1 else model
+    metrics_log = MetricsLog(run.out, cfg.steps, step, d, "REALM", progress)
+    block_doc_ids = np.array(store.column("doc_id"), dtype=object)
+    try:
+        while step < cfg.steps:
+            index = newest_index(index, run, policy, d)
+            builder.share_cores(device)
+            epoch = position.epoch
+            indices, position = order.take(position, cfg.batch_size)
+            local = indices[d.rank :: d.world_size]
+            searched = index if step >= cfg.null_warmup_steps else None
+            batch = make_pretrain_batch(
+                model, searched, sentences, local, epoch, cfg, preset.retriever.query_max_tokens, store,
+                block_doc_ids, device, dtype, warmup,
+            )  # fmt: skip
+            loss, stats = realm_step(trained, model, batch, optimizer, scheduler, cfg, d, dtype)
+            step += 1
+            spans = finder if step > cfg.null_warmup_steps else None
+            metrics = step_metrics(loss, stats, batch, spans, [sentences.doc_ids[i] for i in local], model, d)
+            metrics |= {"lr": float(scheduler.get_last_lr()[0])} | index_metrics(index, cfg, step, builder)
+            metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or step == cfg.steps)
+            if d.main and policy.should_snapshot(step):
+                save_snapshot(model.retriever, run.snapshots, step)
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                save_checkpoint(run.out, step, model, optimizer, scheduler, position, d)
+    finally:
+        metrics_log.close()
+        builder.stop(finished=step >= cfg.steps)
+    if d.main:
+        run.save(model)
+    return run.out
+
+
+def realm_step(
+    trained: torch.nn.Module,
+    model: RealmModel,
+    batch: RealmBatch,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LambdaLR,
+    cfg: PretrainConfig,
+    d: Dist,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One optimizer step on the marginal loss of models/realm.py (`trained`: the model, or its DDP wrapper)."""
+    with autocast(dtype, batch.targets.device):
+        loss, stats = trained(batch)
+    loss = global_token_mean(loss, batch.mask_valid.sum(), d)
+    loss.backward()
+    optimizer_step(model, optimizer, scheduler)
+    if cfg.mask_center_momentum > 0:
+        model.retriever.query_tower.track_mask_center(stats["uncentred_queries"], cfg.mask_center_momentum)
+    return loss, stats
+
+
+def _check_steps(preset: Preset) -> None:
     cfg = preset.pretrain
     if cfg.num_candidates > 1 and cfg.null_warmup_steps >= cfg.steps:
         raise ValueError(
             f"--steps {cfg.steps} leaves no retrieval step after the warm-up of {cfg.null_warmup_steps} steps "
             f"({preset.name} preset): pass --null-warmup-steps below --steps (0: none)"
         )
-    d = setup_distributed()
-    device = default_device()
-    dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
-    torch.manual_seed(cfg.seed + d.rank)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    # a fixed document tower keeps the first index exact: nothing to refresh
-    policy = RefreshPolicy(cfg.refresh_every if cfg.doc_tower == "trained" else 0, start_step=cfg.towers_start_step)
-    store = BlockStore(corpus)
-    block_doc_ids = np.array(store.column("doc_id"), dtype=object)
+
+
+def newest_index(index: MipsIndex | None, run: PretrainRun, policy: RefreshPolicy, d: Dist) -> MipsIndex | None:
+    """The version the builder published last (the same on every rank), loaded between steps."""
+    if index is None:
+        return None
+    published = broadcast(current_version(run.index) if d.main else None, d)
+    return MipsIndex(run.index, published) if policy.should_reload(index.version, published) else index
+
+
+def training_sentences(
+    store: BlockStore, model: RealmModel, preset: Preset, run: PretrainRun, progress: bool, d: Dist
+) -> tuple[SpanFinder | None, SentenceSet]:
+    """The corpus's training sentences as the masking scheme can use them (their usage saved to
+    run/sentences.json), and the span lookup when salient masking or the holder warm-up needs it."""
+    cfg = preset.pretrain
     if d.main:
         build_sentences(store, progress)  # tag once, cached beside the corpus
-    if d.world_size > 1:
-        dist.barrier()
-    retriever = Retriever.load(retriever_spec, preset.retriever)
-    model = RealmModel(retriever, Reader.load(reader_spec, preset.retriever.shape))
+    barrier(d)
     small = cfg.salient_spans == "recoverable" or len(store) <= RECOVERABILITY_MAX_BLOCKS  # the span lookup
     needed = cfg.masking == "salient" or cfg.reader_warmup == "holder"
     finder = SpanFinder(store, model.retriever.tokenizer) if needed and small else None
@@ -163,15 +291,17 @@ def train_pretrain(
     usage = {"masking": cfg.masking, "salient_spans": cfg.salient_spans, **sentences.usage()}
     log.info("pretraining on %d of %d sentences (%s masking)", usage["used"], usage["sentences"], cfg.masking)
     if d.main:
-        write_json_atomic(out / SENTENCE_USAGE, usage)
-    order = DataOrder(len(sentences), cfg.seed)
+        write_json_atomic(run.sentence_usage, usage)
+    return finder, sentences
 
-    model.to(device).train()
+
+def _optimizer(model: RealmModel, cfg: PretrainConfig) -> tuple[torch.optim.Optimizer, LambdaLR]:
+    """AdamW with the reader, its fresh masked-LM head, the towers and b_null at their own rates. The decoder is tied
+    to the word embeddings (trained at the base rate); the transform and bias are fresh. Until the head predicts
+    something, the retrieval gradient is noise that Adam would turn into full-size steps on the towers (this
+    collapsed the retriever on the cpu preset), so the towers may start later."""
     if cfg.doc_tower == "fixed":  # no gradient, no dropout: f(x, z) scores blocks as the index stores them
         model.retriever.doc_tower.requires_grad_(False).eval()
-    # The decoder is tied to the word embeddings (trained at the base rate); the transform and bias are fresh.
-    # Until the head predicts something, the retrieval gradient is noise that Adam would turn into full-size
-    # steps on the towers (this collapsed the retriever on the cpu preset), so the towers may start later.
     optimizer = bert_optimizer(
         model,
         cfg.lr,
@@ -188,139 +318,63 @@ def train_pretrain(
         start_at={"retriever.": cfg.towers_start_step, "null_score": cfg.null_warmup_steps},
         decay_from=cfg.null_warmup_steps,  # the reader's null-document phase runs at the full rate
     )
-    step, position = 0, DataPosition()
-    if d.main:
-        record_run_config(
-            out,
-            {
-                "recipe": "pretrain",
-                "corpus": str(corpus),
-                "retriever_model": retriever_spec,
-                "reader_model": reader_spec,
-                "pretrain": asdict(cfg),
-                "retriever": asdict(preset.retriever),
-                "embed": asdict(preset.embed),
-                "index": asdict(preset.index),
-            },
-            resume,
-            allow_config_change,
-        )
-    found = latest_checkpoint(out) if resume else None
-    if found is not None:
-        step, position, _ = load_checkpoint(found, model, optimizer, scheduler, d)
-        log.info("resumed REALM pretraining from %s (step %d)", found, step)
-    elif cfg.mask_center_momentum > 0:
-        estimate_mask_center(model.retriever, sentences, cfg, preset.retriever.query_max_tokens, device)
+    return optimizer, scheduler
 
-    index_dir = out / "index"
-    retrieval = cfg.num_candidates > 1  # 1: the null document alone, i.e. masked-LM without retrieval (a baseline)
-    if not retrieval:
-        policy = RefreshPolicy(0)
-    # The first index and every rebuild use the same settings: the builder process receives these as JSON.
-    builder_config = BuilderConfig(preset.embed, preset.index, preset.retriever, policy.every_steps)
-    if retrieval and broadcast(d.main and current_version(index_dir) is None, d):  # a new corpus: the first index
-        log.info("no index yet in %s: building the first one from the current retriever", index_dir)
-        build_from_retriever(  # every rank embeds its share
+
+def first_index(
+    model: RealmModel,
+    store: BlockStore,
+    run: PretrainRun,
+    config: BuilderConfig,
+    step: int,
+    progress: bool,
+    reuse_indexes: Sequence[Path],
+    d: Dist,
+) -> MipsIndex:
+    """The run's index, built from the current retriever when the run has none yet (every rank embeds its share)."""
+    if broadcast(d.main and current_version(run.index) is None, d):
+        log.info("no index yet in %s: building the first one from the current retriever", run.index)
+        build_from_retriever(
             model.retriever,
             store,
-            index_dir,
-            builder_config.embed,
-            builder_config.index,
+            run.index,
+            config.embed,
+            config.index,
             step,
             time.time(),
             progress and d.main,
             reuse=reuse_indexes,
             d=d,
         )
-    (out / "snapshots" / STOP_FILE).unlink(missing_ok=True)  # left by an earlier run's clean exit
-    builder = None
-    if d.main and not policy.frozen and cfg.builder == "local":
-        builder = start_builder(out, Path(corpus), builder_config, nice=cfg.builder_nice)
-    elif d.main and not policy.frozen:
-        builder_config.save(out / "builder.json")
-        log.info("external builder: start `realm index refresh --config %s/builder.json ...` to refresh", out)
-    index = MipsIndex(index_dir) if retrieval else None
-    warmup = warmup_reading(cfg.reader_warmup, store, finder, index) if retrieval else None
-    # a batch of the null document alone (the baseline, the warm-up) leaves the towers out of the graph
-    null_batches = not retrieval or cfg.null_warmup_steps > 0
-    trained = DistributedDataParallel(model, find_unused_parameters=null_batches) if d.world_size > 1 else model
-    metrics_log = MetricsLog(out, cfg.steps, step, d, "REALM", progress)
-    builder_warned = False
-    threads = torch.get_num_threads()
-    try:
-        while step < cfg.steps:
-            if index is not None:
-                published = broadcast(current_version(index_dir) if d.main else None, d)
-                if policy.should_reload(index.version, published):
-                    index = MipsIndex(index_dir, published)
-            if device.type == "cpu" and cfg.builder == "local" and not policy.frozen:
-                share_cores(index_dir, threads)
-            epoch = position.epoch
-            indices, position = order.take(position, cfg.batch_size)
-            local = indices[d.rank :: d.world_size]
-            batch = make_pretrain_batch(
-                model,
-                index if step >= cfg.null_warmup_steps else None,
-                sentences,
-                local,
-                epoch,
-                cfg,
-                preset.retriever.query_max_tokens,
-                store,
-                block_doc_ids,
-                device,
-                dtype,
-                warmup,
-            )
-            with autocast(dtype, device):
-                loss, stats = trained(batch)
-            loss = global_token_mean(loss, batch.mask_valid.sum(), d)
-            loss.backward()
-            optimizer_step(model, optimizer, scheduler)
-            if cfg.mask_center_momentum > 0:
-                model.retriever.query_tower.track_mask_center(stats["uncentred_queries"], cfg.mask_center_momentum)
-            step += 1
+    return MipsIndex(run.index)
 
-            builder_alive = builder is None or builder.poll() is None
-            if builder is not None and index is not None and not builder_alive and not builder_warned:
-                log.warning(
-                    "index builder exited (code %s); training continues on index v%d, see %s",
-                    builder.returncode,
-                    index.version,
-                    out / "builder.log",
-                )
-                builder_warned = True
-            scalars = {"loss": loss.item(), **{k: v.item() for k, v in stats.items() if v.ndim == 0}}
-            if finder is not None and step > cfg.null_warmup_steps:  # masked spans another document / a candidate holds
-                doc_ids, texts = [sentences.doc_ids[i] for i in local], batch.masked_texts(model.retriever.tokenizer)
-                scalars |= finder.shares(texts, doc_ids, batch.candidate_ids[:, 1:])
-            metrics = _mean_over_ranks(scalars, d)
-            metrics["lr"] = float(scheduler.get_last_lr()[0])
-            if index is not None:
-                metrics["index_version"] = index.version
-            if index is not None and cfg.doc_tower == "trained":  # a fixed document tower's index is never stale
-                metrics |= {
-                    "staleness_steps": step - (index.meta.checkpoint_step or 0),
-                    "staleness_seconds": time.time() - (index.meta.checkpoint_time or index.meta.created),
-                } | ({"builder_alive": float(builder_alive)} if builder is not None else {})
-            metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or step == cfg.steps)
-            if d.main and policy.should_snapshot(step):
-                save_snapshot(model.retriever, out / "snapshots", step)
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                save_checkpoint(out, step, model, optimizer, scheduler, position, d)
-    finally:
-        metrics_log.close()
-        torch.set_num_threads(threads)
-        if builder is not None:
-            (out / "snapshots").mkdir(parents=True, exist_ok=True)
-            (out / "snapshots" / STOP_FILE).touch()
-            builder.terminate()
-            builder.wait(timeout=30)
-    if d.main and builder is None and not policy.frozen:  # training is over: an external builder may stop
-        (out / "snapshots").mkdir(parents=True, exist_ok=True)
-        (out / "snapshots" / STOP_FILE).touch()
-    if d.main:
-        model.export_null_score()
-        model.retriever.save(out / "retriever")
-        model.reader.save(out / "reader")
-    return out
+
+def step_metrics(
+    loss: torch.Tensor,
+    stats: dict[str, torch.Tensor],
+    batch: RealmBatch,
+    finder: SpanFinder | None,
+    doc_ids: list[str],
+    model: RealmModel,
+    d: Dist,
+) -> dict[str, float]:
+    """The step's loss and statistics (models/realm.py), with `finder` how many masked spans another document and a
+    candidate hold, averaged over ranks."""
+    scalars = {"loss": loss.item(), **{k: v.item() for k, v in stats.items() if v.ndim == 0}}
+    if finder is not None:
+        scalars |= finder.shares(batch.masked_texts(model.retriever.tokenizer), doc_ids, batch.candidate_ids[:, 1:])
+    return _mean_over_ranks(scalars, d)
+
+
+def index_metrics(index: MipsIndex | None, cfg: PretrainConfig, step: int, builder: IndexBuilder) -> dict:
+    """The index version searched; with a trained document tower how stale it is, and whether a local builder runs."""
+    if index is None:
+        return {}
+    metrics: dict[str, float] = {"index_version": index.version}
+    alive = not builder.started or builder.alive(index.version)
+    if cfg.doc_tower == "trained":  # a fixed document tower's index is never stale
+        metrics["staleness_steps"] = step - (index.meta.checkpoint_step or 0)
+        metrics["staleness_seconds"] = time.time() - (index.meta.checkpoint_time or index.meta.created)
+        if builder.started and builder.where == "local":
+            metrics["builder_alive"] = float(alive)
+    return metrics

@@ -25,9 +25,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from realm.config import SERVE_BATCH_SIZE, SERVE_BATCH_WAIT_MS, Preset
-from realm.eval.answerer import Answerer, load_answerer, open_searcher
+from realm.eval.answerer import Answerer, load_answerer
 from realm.index.mips import MipsIndex, MipsIndexError, current_version
-from realm.index.search import Searcher
+from realm.index.search import Searcher, open_searcher
 from realm.serve.batching import MicroBatcher
 from realm.serve.bounds import BoundedRequests, ServiceLimits
 
@@ -122,8 +122,9 @@ class QAService:
             if version in (None, self.knowledge.version, self._unservable):
                 return
             try:
+                index, model = MipsIndex(self.index_dir, version), self.answerer.model
                 searcher = open_searcher(
-                    MipsIndex(self.index_dir, version), self.retriever, self.answerer.model, self.corpus
+                    index, self.retriever, model.retriever, model.fusion_weight, index.corpus(self.corpus)
                 )
             except (MipsIndexError, OSError, ValueError) as err:
                 log.warning(
