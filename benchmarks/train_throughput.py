@@ -50,7 +50,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from worktree import ROOT, base_worktree
 
-from realm.common.device import autocast, default_device, resolve_compute_dtype
+from realm.common.device import autocast, default_device
 from realm.config import get_preset
 from realm.data.blocks import BlockStore, sentence_starts
 from realm.data.qa_examples import load_qa
@@ -258,7 +258,7 @@ def main() -> None:
         preset = dataclasses.replace(preset, embed=dataclasses.replace(preset.embed, compute_dtype="fp32"))
     embed_config = dataclasses.replace(preset.embed, **({"batch_size": args.embed_batch} if args.embed_batch else {}))
     device = default_device()
-    dtype = resolve_compute_dtype(preset.embed.compute_dtype, device)
+    dtype = preset.compute_dtype(device)
     torch.manual_seed(0)
     store = BlockStore(args.corpus)
     peak = matmul_peak(device)

@@ -102,8 +102,6 @@ def test_pretraining_is_costed_by_the_kind_of_step():
 def test_a_machine_without_bf16_matmul_plans_with_fp32_costs(tmp_path, monkeypatch):
     import torch
 
-    import realm.pipeline.plan as pipeline_plan
-
     cpu = get_preset("cpu")
     assert costed_for(cpu, torch.bfloat16) is cpu
     assert costed_for(cpu, torch.float32).costs == cpu.fp32_costs
@@ -116,7 +114,7 @@ def test_a_machine_without_bf16_matmul_plans_with_fp32_costs(tmp_path, monkeypat
     work = Workload(blocks=12_000, qa_train=9_000, qa_dev=1_500)
     plans = {}
     for dtype in (torch.bfloat16, torch.float32):
-        monkeypatch.setattr(pipeline_plan, "resolve_compute_dtype", lambda name, device, dtype=dtype: dtype)
+        monkeypatch.setattr(Preset, "compute_dtype", lambda self, device, dtype=dtype: dtype)  # the one place
         options = PipelineOptions(run_dir=tmp_path / str(dtype), budget_minutes=120, progress=False)
         plans[dtype] = Pipeline(options, cpu).make_plan(work)
         assert json.loads((options.run_dir / "plan.json").read_text())["compute_dtype"] == str(dtype)[len("torch.") :]
@@ -480,3 +478,25 @@ def test_a_setting_a_stage_reads_reruns_that_stage(tiny_run):
     assert not any(line.startswith(("[pipeline] corpus: running", "[pipeline] ict: running")) for line in said)
     realm = json.loads((options.run_dir / "realm" / "config.json").read_text())["config"]
     assert realm["index"]["hnsw_ef_search"] == 7
+
+
+def test_every_ablated_run_trains_as_long_as_the_run_it_is_compared_with(tiny_run, monkeypatch):
+    """The run's pace sizes the main REALM and QA stages; the ablations reuse their steps. Paced on their own, the
+    later stages of a run ahead of its plan trained longer (a 2-hour run gave them 5-30% more steps), which the
+    paired comparison would have counted as the ablation's effect."""
+    import realm.pipeline.run as pipeline_run
+
+    def paced_by_stage(plan, base, work, path, stage, took):  # every stage at its own pace, the main ones at x1
+        scale = 1.0 if stage in ("realm", "qa") else 2.0
+        return scale_preset(base, scale, work.qa_train), scale
+
+    monkeypatch.setattr(pipeline_run, "paced_preset", paced_by_stage)
+    Pipeline(tiny_run, TINY_PIPELINE, lambda _: None).run()
+
+    def steps(stage: str, section: str) -> int:
+        return json.loads((tiny_run.run_dir / stage / "config.json").read_text())["config"][section]["steps"]
+
+    assert steps("ict", "ict") == 2 * TINY_PIPELINE.ict.steps  # the pace did reach the stages it sizes
+    realm, qa = steps("realm", "pretrain"), steps("qa", "qa")
+    assert [steps(f"realm_{v}", "pretrain") for v in ("uniform", "trained", "frozen")] == [realm] * 3
+    assert [steps(f"qa_{v}", "qa") for v in ("ict", "uniform", "trained", "frozen")] == [qa] * 4

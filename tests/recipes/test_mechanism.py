@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import SHARED_DATA
 
-from realm.common.tokenization import MINILM
+from realm.common.weights import MINILM
 from realm.config import get_preset
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmModel

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from realm.cli.options import common, positive_int, resolve_preset
-from realm.common.tokenization import MINILM
+from realm.common.weights import MINILM
 from realm.data.sources import VITAL_ARTICLES
 
 

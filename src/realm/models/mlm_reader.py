@@ -16,7 +16,8 @@ from torch import nn
 from transformers import BertForMaskedLM, PreTrainedTokenizerBase
 
 from realm.common.io import write_dir_atomic
-from realm.common.tokenization import MINILM, load_tokenizer, minilm_dir
+from realm.common.tokenization import load_tokenizer, minilm_dir
+from realm.common.weights import MINILM
 from realm.config import EncoderShape
 from realm.models.bert import fresh_weights, load_masked_lm, random_masked_lm
 from realm.models.encoder import encode

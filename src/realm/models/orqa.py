@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from realm.common.io import write_atomic
-from realm.common.tokenization import MINILM
+from realm.common.weights import MINILM
 from realm.models.retriever import Retriever, inner_products
 from realm.models.span_reader import MASKED, BlockSpans, ReaderBatch, SpanReader, block_spans, reader_batch
 

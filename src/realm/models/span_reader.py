@@ -19,7 +19,8 @@ from torch import nn
 from transformers import BertModel, PreTrainedTokenizerBase
 
 from realm.common.io import write_dir_atomic
-from realm.common.tokenization import MINILM, load_tokenizer, minilm_dir
+from realm.common.tokenization import load_tokenizer, minilm_dir
+from realm.common.weights import MINILM
 from realm.data.qa_examples import QAExample, has_answer, is_answer_span
 from realm.models.bert import fresh_weights, load_bert
 from realm.models.encoder import encode, pad_rows
