@@ -194,14 +194,15 @@ def load_answerer(
     index = MipsIndex(index_dir, version)
     config = index.retriever_config(preset.retriever)  # pooling etc. of the index's model
     model = QAModel.load(model_spec, config, preset.qa.span_hidden, preset.qa.max_span_width)
-    searcher = open_searcher(index, retriever, model.retriever, model.fusion_weight, index.corpus(corpus))
+    store = index.corpus(corpus)  # the version's live blocks, read once for the searcher and the reader's length
+    searcher = open_searcher(index, retriever, model.retriever, model.fusion_weight, store)
     device = default_device()
     dtype = preset.compute_dtype(device)
     return Answerer(
         model.to(device),
         searcher,
         k or preset.qa.top_k,
-        index.corpus(corpus).config.max_block_tokens,
+        store.config.max_block_tokens,
         dtype=dtype,
         selection=preset.qa.answer_selection,
     )
