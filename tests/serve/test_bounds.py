@@ -105,6 +105,9 @@ def test_no_docs_pages_and_an_optional_api_key(service):
     assert client.post("/ask", json=QUESTION).status_code == 401
     assert client.post("/ask", json=QUESTION, headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert client.post("/ask", json=QUESTION, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    query = {"query": QUESTION["question"]}
+    assert client.post("/search", json=query).status_code == 401
+    assert client.post("/search", json=query, headers={"Authorization": "Bearer s3cret"}).status_code == 200
     assert client.get("/health").status_code == 200 and client.get("/").status_code == 200
 
 

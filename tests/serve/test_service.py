@@ -82,6 +82,41 @@ def test_answer_comes_with_its_evidence(client):
     assert client.post("/ask", json={"question": "x" * MAX_QUESTION_CHARS}).status_code == 200
 
 
+def test_search_returns_the_blocks_ask_reads_with_their_p_z_as_realm_search_prints_them(
+    client, tiny_qa, monkeypatch, capsys
+):
+    question = "Where did Bach die?"
+    found = client.post("/search", json={"query": f" {question} ", "k": 3}).json()
+    assert found["query"] == question and found["index_version"] == 1 and len(found["hits"]) == 3
+    evidence = client.post("/ask", json={"question": question, "k": 3}).json()["evidence"]
+    assert [h["block_id"] for h in found["hits"]] == [e["block_id"] for e in evidence]
+    assert [h["retrieval_prob"] for h in found["hits"]] == pytest.approx([e["retrieval_prob"] for e in evidence])
+    assert sum(h["retrieval_prob"] for h in found["hits"]) == pytest.approx(1.0)
+    assert len(client.post("/search", json={"query": question}).json()["hits"]) == TINY_QA.top_k
+
+    model_dir, index_dir = tiny_qa
+    monkeypatch.setattr("realm.cli.options.get_preset", lambda name: TINY_QA_PRESET)
+    capsys.readouterr()
+    assert main(["search", question, "--index", str(index_dir), "--model", str(model_dir), "-k", "3", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [set(hit) for hit in printed] == [set(hit) for hit in found["hits"]]
+    assert [h["block_id"] for h in printed] == [h["block_id"] for h in found["hits"]]
+    assert [h["retrieval_prob"] for h in printed] == pytest.approx([h["retrieval_prob"] for h in found["hits"]])
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"query": " "}, "query: the query is empty"),
+        ({"query": "q", "k": MAX_K + 1}, f"k: Input should be less than or equal to {MAX_K}"),
+        ({"question": "q"}, "query: Field required; question: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_search_input_is_a_4xx_with_a_clear_message(client, body, message):
+    response = client.post("/search", json=body)
+    assert response.status_code == 422 and response.json()["detail"] == message
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [

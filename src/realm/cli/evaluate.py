@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -18,6 +17,8 @@ from realm.cli.options import (
     positive_ints,
     resolve_preset,
 )
+
+BEIR_BLOCKS_PER_DOCUMENT = 3  # blocks searched per document ranked: a document's score is its best block's
 
 
 def _searcher(args: argparse.Namespace, kind: str = "dense"):
@@ -42,15 +43,43 @@ def _searcher(args: argparse.Namespace, kind: str = "dense"):
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from realm.index.search import hits_json
+
     if not args.query.strip():
         raise ValueError("the query is empty")
-    hits = _searcher(args).search(args.query, args.k)
+    searcher = _searcher(args)
+    hits = searcher.search(args.query, args.k)
     if args.json:
-        print(json.dumps([dataclasses.asdict(h) for h in hits], ensure_ascii=False, indent=2))
+        print(json.dumps(hits_json(hits, searcher.scores_are_retrieval_logits), ensure_ascii=False, indent=2))
         return 0
     for rank, hit in enumerate(hits, start=1):
         text = hit.text if len(hit.text) <= 300 else hit.text[:297] + "..."
         print(f"{rank:>3}. [{hit.score:.2f}] {hit.title} (block {hit.block_id}, doc {hit.doc_id})\n     {text}")
+    return 0
+
+
+def cmd_eval_beir(args: argparse.Namespace) -> int:
+    """`realm eval retrieval --beir DIR`: nDCG@10 and recall@100 of documents, as BEIR reports them."""
+    from realm.data.beir import load_beir_queries
+    from realm.eval.retrieval import BEIR_RECALL_CUT, beir_metrics
+    from realm.index.search import search_all
+
+    queries = load_beir_queries(args.beir, args.split)
+    ids, texts = queries.ids[: args.limit], queries.texts[: args.limit]
+    started = time.monotonic()
+    searcher = _searcher(args, args.retriever)
+    depth = min(BEIR_BLOCKS_PER_DOCUMENT * BEIR_RECALL_CUT, len(searcher.store.live_ids))
+    result = beir_metrics(ids, queries.qrels, search_all(searcher, texts, depth))
+    summary: dict[str, object] = {}
+    for name, (mean, interval) in result.items():
+        summary |= {name: mean, f"{name}_95ci": interval}
+    summary |= {"queries": len(ids), "retriever": args.retriever, "seconds": round(time.monotonic() - started, 1)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{args.retriever} retrieval on {len(ids)} judged queries of {args.beir} ({args.split}):")
+        for name, (mean, (low, high)) in result.items():
+            print(f"  {name:>10}: {mean:.4f}  [{low:.4f}, {high:.4f}] (95% interval)")
     return 0
 
 
@@ -59,6 +88,10 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     from realm.eval.retrieval import recall_at_k
     from realm.index.search import search_all
 
+    if (args.qa is None) == (args.beir is None):
+        raise ValueError("give one of --qa (answer recall@k) and --beir (nDCG@10, recall@100)")
+    if args.beir:
+        return cmd_eval_beir(args)
     ks = args.k
     examples = load_qa(args.qa)
     if args.limit:
@@ -164,8 +197,14 @@ def add_commands(commands) -> None:
     search.set_defaults(run=cmd_search)
 
     evaluate = commands.add_parser("eval", help="evaluation").add_subparsers(dest="action", required=True)
-    retrieval = evaluate.add_parser("retrieval", help="recall@k of answer-bearing blocks")
-    retrieval.add_argument("--qa", required=True, help="JSONL of {question, answer: [...]} (*.regex.jsonl: regexes)")
+    retrieval = evaluate.add_parser(
+        "retrieval", help="recall@k of answer-bearing blocks, or BEIR's nDCG@10 and recall@100 of judged documents"
+    )
+    retrieval.add_argument("--qa", help="JSONL of {question, answer: [...]} (*.regex.jsonl: regexes)")
+    retrieval.add_argument(
+        "--beir", help="a BEIR folder (queries.jsonl, qrels/SPLIT.tsv) whose corpus.jsonl is indexed"
+    )
+    retrieval.add_argument("--split", default="test", help="the BEIR qrels split (qrels/SPLIT.tsv)")
     retrieval.add_argument("--index", help="dense index (bm25: used to find the corpus)")
     retrieval.add_argument("--model")
     retrieval.add_argument("--corpus")

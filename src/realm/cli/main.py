@@ -9,14 +9,14 @@ import argparse
 import logging
 import sys
 
-from realm.cli import corpus, evaluate, index, pipeline, serve, train
+from realm.cli import corpus, evaluate, export, index, pipeline, serve, train
 from realm.cli.options import Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="realm", description="REALM: retrieval-augmented language models")
     commands = parser.add_subparsers(dest="command", required=True)
-    for group in (corpus, index, train, evaluate, serve, pipeline):
+    for group in (corpus, index, train, evaluate, serve, export, pipeline):
         group.add_commands(commands)
     return parser
 

@@ -1,4 +1,5 @@
-"""Readers for knowledge-corpus inputs: JSONL(.gz), Parquet, SQuAD JSON (.json/.zip), and built-in corpora.
+"""Readers for knowledge-corpus inputs: JSONL(.gz), Parquet, SQuAD JSON (.json/.zip), BEIR folders, and built-in
+corpora.
 
 Every reader yields `Document`s and reports malformed records as `CorpusError("file:line: why")` (a Parquet
 file's rows are numbered from 1 like lines), or, with `skip_bad`, counts them in a `BadRecords` tally and
@@ -49,6 +50,14 @@ class Columns:
     id: str = "id"
     title: str = "title"
     text: str = "text"
+
+
+BEIR_COLUMNS = Columns(id="_id", title="title", text="text")  # corpus.jsonl of a BEIR folder (data/beir.py)
+
+
+def plain_or_gzipped(folder: Path, name: str) -> Path | None:
+    """`folder/name` or `folder/name.gz`, whichever exists."""
+    return next((path for path in (folder / name, folder / f"{name}.gz") if path.is_file()), None)
 
 
 @dataclass
@@ -254,16 +263,24 @@ def _looks_like_squad(path: Path) -> bool:
 
 
 def read_documents(spec: str, skip_bad: bool, bad: BadRecords, columns: Columns = Columns()) -> Iterator[Document]:
-    """Dispatch one input: `vital-articles`, *.jsonl / *.jsonl.gz, *.parquet, or SQuAD *.json / *.zip."""
+    """Dispatch one input: `vital-articles`, *.jsonl / *.jsonl.gz, *.parquet, SQuAD *.json / *.zip, or a BEIR
+    folder (its corpus.jsonl)."""
     if spec == VITAL_ARTICLES:
         yield from read_vital_articles(skip_bad, bad)
         return
     path = Path(spec)
     if path.is_dir():
-        raise CorpusError(f"{spec}: is a directory; name the files in it (e.g. {path / '*.jsonl.gz'})")
+        beir_corpus = plain_or_gzipped(path, "corpus.jsonl")
+        if beir_corpus is None:
+            raise CorpusError(
+                f"{spec}: is a directory without a BEIR corpus.jsonl; name the files in it (e.g. {path / '*.jsonl.gz'})"
+            )
+        yield from read_jsonl(beir_corpus, skip_bad, bad, BEIR_COLUMNS)
+        return
     if not path.is_file():
         raise CorpusError(
-            f"{spec}: no such file (inputs are JSONL/JSONL.gz, Parquet, SQuAD .json/.zip, or {VITAL_ARTICLES!r})"
+            f"{spec}: no such file (inputs are JSONL/JSONL.gz, Parquet, SQuAD .json/.zip, a BEIR folder, or "
+            f"{VITAL_ARTICLES!r})"
         )
     if path.name.endswith((".jsonl", ".jsonl.gz")):
         yield from read_jsonl(path, skip_bad, bad, columns)

@@ -14,8 +14,10 @@ fine-tuning (its beam, its dev score) give the reader the same blocks (`hybrid_t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,6 +53,15 @@ class Searcher(Protocol):
     def batch_search(self, queries: list[str], k: int) -> list[list[SearchHit]]: ...
 
     def search(self, query: str, k: int) -> list[SearchHit]: ...
+
+
+def hits_json(hits: Sequence[SearchHit], scores_are_retrieval_logits: bool) -> list[dict]:
+    """What `realm search --json` prints and `POST /search` returns: each hit with its p(z | x) among these hits,
+    the softmax of f(x, z), or uniform when the searcher's scores only rank (BM25), as the reader weighs them."""
+    scores = np.array([hit.score for hit in hits], dtype=np.float64)  # (K,)
+    probs = np.exp(scores - scores.max()) if scores_are_retrieval_logits and len(hits) else np.ones_like(scores)
+    probs /= probs.sum() or 1.0
+    return [{**dataclasses.asdict(hit), "retrieval_prob": float(p)} for hit, p in zip(hits, probs)]
 
 
 def _hits(store: BlockStore, scores: np.ndarray, ids: np.ndarray) -> list[list[SearchHit]]:

@@ -29,6 +29,7 @@ from realm.models.realm import RealmModel
 from realm.models.retriever import Retriever
 from realm.pipeline.stages import last_metrics
 from realm.recipes.finetune_qa import train_qa
+from realm.recipes.model_card import write_model_card
 
 RECALL_KS = (1, 5, 20)
 EXAMPLE_POOL = 100  # held-out sentences searched for the worked examples
@@ -163,7 +164,21 @@ def evaluate_systems(
     }
     for label, (index_dir, retriever_folder) in zero_shot.items():
         result[f"zero_shot/{label}"] = zero_shot_recall(index_dir, retriever_folder, dev, RECALL_KS, preset)
+    write_model_card(best, best.parent, qa_figures(result))
     return result
+
+
+def qa_figures(evaluation: dict) -> dict[str, str]:
+    """The fine-tuned model's figures for its card: EM with its interval and recall@5, with each retriever."""
+    figures = {}
+    for kind in SYSTEMS:
+        row = evaluation[kind]
+        low, high = row["exact_match_95ci"]
+        figures[f"exact match, {kind} retrieval, top {row['reader_top_k']} read"] = (
+            f"{row['exact_match']:.2f} [{low:.2f}, {high:.2f}] ({row['questions']} dev questions, 95% interval)"
+        )
+        figures[f"recall@5, {kind} retrieval"] = f"{row['recall@5']:.2f}"
+    return figures
 
 
 def held_out_scoring(corpus: Path, realm_run: Path, preset: Preset) -> tuple:

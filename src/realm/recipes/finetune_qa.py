@@ -39,6 +39,7 @@ from realm.index.search import (
 )
 from realm.models.orqa import QABatch, QAModel
 from realm.models.span_reader import matching_spans
+from realm.recipes.model_card import write_model_card
 from realm.training import (
     DataOrder,
     MetricsLog,
@@ -122,11 +123,12 @@ def qa_searcher(model: QAModel, index: MipsIndex, store: BlockStore, sparse: BM2
 
 
 def save_best(model: QAModel, folder: Path, dev: dict) -> None:
-    """retriever/, reader/ and dev.json, swapped in together."""
+    """retriever/, reader/, dev.json and the model card, swapped in together."""
 
     def write(tmp: Path) -> None:
         model.save(tmp)
         (tmp / "dev.json").write_text(json.dumps(dev, indent=2) + "\n")
+        write_model_card(tmp, folder.parent)
 
     write_dir_atomic(folder, write)
 

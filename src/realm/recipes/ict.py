@@ -23,6 +23,7 @@ from realm.data.blocks import BlockStore, sentence_starts
 from realm.models.ict import ICTModel
 from realm.models.inputs import encode_blocks, pad_batch
 from realm.models.retriever import Retriever
+from realm.recipes.model_card import write_model_card
 from realm.training import (
     DataOrder,
     MetricsLog,
@@ -146,4 +147,5 @@ def train_ict(
     metrics_log.close()
     if d.main:
         retriever.save(out / "retriever")
+        write_model_card(out / "retriever", out)
     return out / "retriever"

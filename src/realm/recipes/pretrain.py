@@ -35,6 +35,7 @@ from realm.index.search import retrieve
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmBatch, RealmModel, estimate_mask_center, make_batch, pad_queries
 from realm.models.retriever import Retriever
+from realm.recipes.model_card import write_model_card
 from realm.recipes.warmup import WarmupReading, warmup_reading
 from realm.training import (
     DataOrder,
@@ -137,10 +138,12 @@ class PretrainRun:
         return self.out / SENTENCE_USAGE
 
     def save(self, model: RealmModel) -> None:
-        """The trained towers and reader, as `--retriever`/`--reader` (and Retriever.load/Reader.load) read them."""
+        """The trained towers and reader, as `--retriever`/`--reader` (and Retriever.load/Reader.load) read them,
+        and the model card."""
         model.export_null_score()
         model.retriever.save(self.out / "retriever")
         model.reader.save(self.out / "reader")
+        write_model_card(self.out, self.out)
 
 
 def pretrain_settings(preset: Preset) -> dict:

@@ -2,9 +2,10 @@
 
 The model is loaded once. Concurrent `/ask` requests (FastAPI runs sync endpoints in a thread pool) are
 micro-batched: what arrives within `batch_wait_ms` of the first, up to `batch_size`, is searched and read as
-one batch by a single worker thread, so inference is never interleaved. Every batch first checks the index
-folder's CURRENT version (a tiny file read); when another process published a new one (`realm index
-add|remove`, a rebuild), the searcher is rebuilt over it and the model is kept.
+one batch by a single worker thread; `/search` (retrieval only) is batched the same way by its own worker, and
+one lock keeps the two from running the model at once. Every batch first checks the index folder's CURRENT
+version (a tiny file read); when another process published a new one (`realm index add|remove`, a rebuild), the
+searcher is rebuilt over it and the model is kept.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pydantic_core import PydanticCustomError
 from realm.config import SERVE_BATCH_SIZE, SERVE_BATCH_WAIT_MS, Preset
 from realm.eval.answerer import Answerer, load_answerer
 from realm.index.mips import MipsIndex, MipsIndexError, current_version
-from realm.index.search import Searcher, open_searcher
+from realm.index.search import Searcher, hits_json, open_searcher
 from realm.serve.batching import MicroBatcher
 from realm.serve.bounds import BoundedRequests, ServiceLimits
 
@@ -37,17 +38,28 @@ MAX_QUESTION_CHARS = 1000  # longer input is not a question; the query tower rea
 MAX_K = 20  # blocks read per question: the reader's cost grows linearly with k
 
 
-def _not_blank(question: str) -> str:
-    if not question.strip():
-        raise PydanticCustomError("blank_question", "the question is empty")
-    return question.strip()
+def _not_blank(what: str) -> AfterValidator:
+    def stripped(text: str) -> str:
+        if not text.strip():
+            raise PydanticCustomError(f"blank_{what}", f"the {what} is empty")
+        return text.strip()
+
+    return AfterValidator(stripped)
 
 
 class AskRequest(BaseModel):
     """Strict types: a number is not a question, and "3" or true is not a k."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    question: Annotated[str, Field(max_length=MAX_QUESTION_CHARS), AfterValidator(_not_blank)]
+    question: Annotated[str, Field(max_length=MAX_QUESTION_CHARS), _not_blank("question")]
+    k: Annotated[int | None, Field(ge=1, le=MAX_K)] = None
+
+
+class SearchRequest(BaseModel):
+    """`/search`: retrieval only, with the bounds of `/ask`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    query: Annotated[str, Field(max_length=MAX_QUESTION_CHARS), _not_blank("query")]
     k: Annotated[int | None, Field(ge=1, le=MAX_K)] = None
 
 
@@ -64,8 +76,8 @@ class Knowledge:
 
 
 class QAService:
-    """An Answerer whose searcher follows the index folder's CURRENT version; concurrent questions are
-    answered in micro-batches, one batch at a time (`batch_size=1`: one question at a time)."""
+    """An Answerer whose searcher follows the index folder's CURRENT version; concurrent questions (and
+    searches) are answered in micro-batches, one batch at a time (`batch_size=1`: one question at a time)."""
 
     def __init__(
         self,
@@ -88,6 +100,7 @@ class QAService:
         self._unservable_reason = ""
         self._lock = threading.RLock()
         self.batcher = MicroBatcher(self._answer_batch, batch_size, batch_wait_ms / 1000)
+        self.search_batcher = MicroBatcher(self._search_batch, batch_size, batch_wait_ms / 1000)
 
     @classmethod
     def load(
@@ -151,6 +164,20 @@ class QAService:
         warning = {"warning": self.answerer.warning} if self.answerer.warning else {}
         return [{**answer.to_dict(), "index_version": version, **warning} for answer in answers]
 
+    def search(self, query: str, k: int | None = None) -> dict:
+        """The top k blocks with p(z | x), as `realm search --json` prints them, from the latest servable version."""
+        return self.search_batcher.submit((query, k or self.answerer.k))
+
+    def _search_batch(self, requests: Sequence[tuple[str, int]]) -> list[dict]:
+        with self._lock:  # the query tower is not run beside the reader's batch
+            self.refresh()
+            searcher, version = self.knowledge.searcher, self.knowledge.version
+            hits = searcher.batch_search([query for query, _ in requests], max(k for _, k in requests))
+        return [
+            {"query": query, "index_version": version, "hits": hits_json(row[:k], searcher.scores_are_retrieval_logits)}
+            for row, (query, k) in zip(hits, requests)
+        ]
+
     def health(self) -> dict:
         """Lock-free, so that it answers while a question is being read. `latest_version` is the folder's
         published one: a newer version is loaded by the next request ("ok"); one that cannot be served leaves
@@ -190,7 +217,7 @@ def _message(err: RequestValidationError) -> str:
 
 def create_app(service: QAService, api_key: str | None = None, limits: ServiceLimits | None = None) -> FastAPI:
     """The HTTP API over a loaded service, and the page that uses it, behind the request bounds. With `api_key`,
-    `/ask` wants `Authorization: Bearer <api_key>`. No /docs or /redoc: they load scripts from a CDN."""
+    `/ask` and `/search` want `Authorization: Bearer <api_key>`. No /docs or /redoc: they load scripts from a CDN."""
     app = FastAPI(
         title="realm", summary="Open-domain questions answered with retrieved evidence", docs_url=None, redoc_url=None
     )
@@ -221,5 +248,9 @@ def create_app(service: QAService, api_key: str | None = None, limits: ServiceLi
     @app.post("/ask", dependencies=[Depends(authorized)])
     def ask(request: AskRequest) -> dict:
         return service.ask(request.question, request.k)
+
+    @app.post("/search", dependencies=[Depends(authorized)])
+    def search(request: SearchRequest) -> dict:
+        return service.search(request.query, request.k)
 
     return app
