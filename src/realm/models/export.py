@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -111,17 +112,19 @@ def export_onnx(retriever: Retriever, out: Path, max_block_tokens: int, int8: bo
                 ["a question", "a longer second question"], pairs, padding=True, return_tensors="pt"
             )  # (2, L) each: a batch of two rows of different lengths
             batch, length = torch.export.Dim("batch"), torch.export.Dim("length", max=max_tokens)
-            torch.onnx.export(
-                ExportedTower(tower).eval(),
-                tuple(sample[key] for key in ONNX_INPUTS),
-                str(folder / "model.onnx"),
-                input_names=list(ONNX_INPUTS),
-                output_names=[ONNX_OUTPUT],
-                dynamic_shapes={key: {0: batch, 1: length} for key in ONNX_INPUTS},
-                dynamo=True,
-                external_data=False,
-                verbose=False,
-            )
+            with warnings.catch_warnings():  # the exporter's notes on its own internals, not on this graph
+                warnings.filterwarnings("ignore", message=".*(LeafSpec|axis name).*")
+                torch.onnx.export(
+                    ExportedTower(tower).eval(),
+                    tuple(sample[key] for key in ONNX_INPUTS),
+                    str(folder / "model.onnx"),
+                    input_names=list(ONNX_INPUTS),
+                    output_names=[ONNX_OUTPUT],
+                    dynamic_shapes={key: {0: batch, 1: length} for key in ONNX_INPUTS},
+                    dynamo=True,  # torch's maintained exporter (onnxscript)
+                    external_data=False,  # the weights inside the one file
+                    verbose=False,
+                )
             if int8:
                 from onnxruntime.quantization import QuantType, quantize_dynamic
 
