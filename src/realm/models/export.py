@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import shutil
 import warnings
 from pathlib import Path
@@ -112,6 +113,8 @@ def export_onnx(retriever: Retriever, out: Path, max_block_tokens: int, int8: bo
                 ["a question", "a longer second question"], pairs, padding=True, return_tensors="pt"
             )  # (2, L) each: a batch of two rows of different lengths
             batch, length = torch.export.Dim("batch"), torch.export.Dim("length", max=max_tokens)
+            for logger in ("onnxscript", "onnx_ir", "torch.onnx._internal.exporter._registration"):
+                logging.getLogger(logger).setLevel(logging.ERROR)  # the exporter's passes, node by node
             with warnings.catch_warnings():  # the exporter's notes on its own internals, not on this graph
                 warnings.filterwarnings("ignore", message=".*(LeafSpec|axis name).*")
                 torch.onnx.export(
@@ -128,7 +131,12 @@ def export_onnx(retriever: Retriever, out: Path, max_block_tokens: int, int8: bo
             if int8:
                 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-                quantize_dynamic(folder / "model.onnx", folder / "model_int8.onnx", weight_type=QuantType.QInt8)
+                root, level = logging.getLogger(), logging.getLogger().level
+                root.setLevel(logging.ERROR)  # the quantizer logs each tensor it skips, and advice, to the root logger
+                try:
+                    quantize_dynamic(folder / "model.onnx", folder / "model_int8.onnx", weight_type=QuantType.QInt8)
+                finally:
+                    root.setLevel(level)
             retriever.tokenizer.save_pretrained(str(folder))
             meta = {
                 "tower": name,
