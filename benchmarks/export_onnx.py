@@ -88,8 +88,13 @@ def main() -> None:
     store = BlockStore(args.corpus)
     titles, bodies = store.slice(0, len(store))
     examples = load_qa(args.qa)
+    with tempfile.TemporaryDirectory(prefix="realm-onnx-") as tmp:  # about 0.5 GB of graphs, removed at the end
+        compare(retriever, embedder, titles, bodies, examples, args.qa, preset, Path(tmp), threads)
+
+
+def compare(retriever, embedder, titles, bodies, examples, qa_path: str, preset, out: Path, threads: int) -> None:
+    """Export both towers to `out`, then time and score torch, ONNX fp32 and ONNX int8 side by side."""
     questions = [e.question for e in examples]
-    out = Path(tempfile.mkdtemp(prefix="realm-onnx-"))
     started = time.perf_counter()
     export_onnx(retriever, out, preset.corpus.max_block_tokens, int8=True)
     print(f"export (fp32 and int8, both towers): {time.perf_counter() - started:.0f} s; threads {threads}")
@@ -114,7 +119,7 @@ def main() -> None:
             f"blocks/s {doc_rate:6.1f} (x{doc_rate / base[1]:.2f})"
         )
 
-    print(f"\nrecall@5 on {len(examples)} questions of {args.qa}, {len(titles)} blocks")
+    print(f"\nrecall@5 on {len(examples)} questions of {qa_path}, {len(titles)} blocks")
     found = {}
     for name, (embed_queries, embed_docs) in systems.items():
         blocks, queries = embed_docs(titles, bodies), embed_queries(questions)  # (N, D), (Q, D)

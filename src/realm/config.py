@@ -317,6 +317,12 @@ def _flatten(value, prefix: str = "") -> dict[str, object]:
     return {prefix.rstrip("."): value}
 
 
+def read_run_config(folder: Path) -> dict | None:
+    """The config.json that `record_run_config` wrote in folder ({"config", "command", "version", "time"}), or None."""
+    path = Path(folder) / RUN_CONFIG
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
 def record_run_config(out_dir: Path, config: dict, resume: bool, allow_change: bool = False) -> None:
     """Write out_dir/config.json: the resolved config the run trains with, the command line and the package
     version. Resuming a run whose saved config differs is refused, naming the keys that differ, unless

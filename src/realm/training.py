@@ -208,9 +208,10 @@ def save_checkpoint(
     position: DataPosition,
     d: Dist,
     extra: dict | None = None,
-    keep: int = 2,
+    final: bool = False,
 ) -> None:
-    """out_dir/checkpoints/step-XXXXXXXX/, swapped in whole (every rank must call: RNG states are gathered)."""
+    """out_dir/checkpoints/step-XXXXXXXX/, swapped in whole (every rank must call: RNG states are gathered).
+    A run keeps its last two; the `final` step's replaces them all (with MiniLM, 0.6 GB a checkpoint)."""
     rng = _rng_states(d)
     if not d.main:
         return
@@ -232,7 +233,7 @@ def save_checkpoint(
 
     folder = Path(out_dir) / CHECKPOINTS / f"step-{step:08d}"
     write_dir_atomic(folder, write)
-    for old in sorted((Path(out_dir) / CHECKPOINTS).glob("step-????????"))[:-keep]:
+    for old in sorted((Path(out_dir) / CHECKPOINTS).glob("step-????????"))[: -1 if final else -2]:
         shutil.rmtree(old, ignore_errors=True)
 
 

@@ -18,6 +18,7 @@ from realm.index.search import BM25Searcher, DenseSearcher, HybridSearcher
 from realm.models.orqa import DEFAULT_BM25_WEIGHT, joint_log_probs, marginal_answer_log_likelihood, qa_loss
 from realm.models.retriever import Retriever
 from realm.models.span_reader import block_spans, matching_spans
+from realm.recipes import finetune_qa
 from realm.recipes.finetune_qa import train_qa
 
 PRESET = TINY_QA_PRESET
@@ -105,8 +106,16 @@ def test_spans_are_whole_words_and_match_normalised_or_regex_answers(tokenizer):
     assert not any(matching_spans(body, spans, QAExample("q", ("Paris",))))
 
 
-def test_fine_tuning_keeps_best_model_and_resumes_exactly(tmp_path, tiny_qa):
+def test_fine_tuning_keeps_best_model_and_resumes_exactly(tmp_path, tiny_qa, monkeypatch):
     model_dir, index_dir = tiny_qa
+    crashed, save_checkpoint = tmp_path / "crashed", finetune_qa.save_checkpoint
+
+    def save_then_copy(out, step, *args, **kwargs):
+        save_checkpoint(out, step, *args, **kwargs)
+        if step == 2:
+            shutil.copytree(out, crashed)  # the run as a kill just after the step-2 checkpoint leaves it
+
+    monkeypatch.setattr(finetune_qa, "save_checkpoint", save_then_copy)
     best = train_qa(str(model_dir), index_dir, QUESTIONS, QUESTIONS, tmp_path / "run", PRESET, progress=False)
     dev = json.loads((best / "dev.json").read_text())
     assert dev["questions"] == len(QUESTIONS)
@@ -122,9 +131,8 @@ def test_fine_tuning_keeps_best_model_and_resumes_exactly(tmp_path, tiny_qa):
         Retriever.load(str(best / "retriever"), PRESET.retriever),
     )
 
-    crashed = tmp_path / "crashed"
-    shutil.copytree(tmp_path / "run", crashed)
-    shutil.rmtree(crashed / "checkpoints" / "step-00000004")  # killed after the step-2 checkpoint
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step-00000004"]  # finished: the last
+
     train_qa(str(model_dir), index_dir, QUESTIONS, QUESTIONS, crashed, PRESET, resume=True, progress=False)
     resumed = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]

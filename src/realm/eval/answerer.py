@@ -19,7 +19,7 @@ import torch
 
 from realm.data.qa_examples import QAExample, normalize_answer
 from realm.index.mips import MipsIndex
-from realm.index.search import Searcher, SearchHit, open_searcher
+from realm.index.search import Searcher, SearchHit, open_searcher, retrieval_logits
 from realm.models.orqa import QAModel, joint_log_probs, marginal_answer_log_likelihood
 from realm.models.span_reader import BlockSpans, matching_spans
 
@@ -111,7 +111,6 @@ class Answerer:
         self.max_block_tokens = max_block_tokens
         self.batch_size = batch_size
         self.dtype = dtype
-        self.uniform_prior = not searcher.scores_are_retrieval_logits
 
     @property
     def warning(self) -> str | None:
@@ -142,10 +141,6 @@ class Answerer:
             scores = self.model.span_scores(batch)  # (N, S)
         return scores.float().cpu(), batch.span_valid.cpu(), blocks
 
-    def _block_logits(self, hits: Sequence[SearchHit]) -> torch.Tensor:
-        """(K,) f(x, z), or zeros (a uniform p(z | x)) when the searcher's scores only rank."""
-        return torch.zeros(len(hits)) if self.uniform_prior else torch.tensor([h.score for h in hits])
-
     @torch.inference_mode()
     def read(self, questions: Sequence[str], hits: Sequence[Sequence[SearchHit]]) -> list[Answer]:
         """Answers for questions whose blocks are already retrieved (hits: best first, SearchHit.score = f(x, z))."""
@@ -156,7 +151,7 @@ class Answerer:
             row = 0
             for b, spans in zip(asked, blocks):
                 k = len(hits[b])
-                block_logits = self._block_logits(hits[b])
+                block_logits = retrieval_logits(hits[b], self.searcher.scores_are_retrieval_logits)
                 log_joint = joint_log_probs(block_logits[None], scores[None, row : row + k], valid[None, row : row + k])
                 answers[b] = compose_answer(questions[b], hits[b], spans, block_logits, log_joint[0], self.selection)
                 row += k
@@ -174,7 +169,9 @@ class Answerer:
             match[z, : len(spans.spans)] = torch.tensor(matching_spans(hit.text, spans, example), dtype=torch.bool)
         if not match.any():
             return 0.0
-        log_joint = joint_log_probs(self._block_logits(hits)[None], scores[None], valid[None])
+        log_joint = joint_log_probs(
+            retrieval_logits(hits, self.searcher.scores_are_retrieval_logits)[None], scores[None], valid[None]
+        )
         return marginal_answer_log_likelihood(log_joint, match[None]).exp().item()
 
 

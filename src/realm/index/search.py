@@ -55,13 +55,18 @@ class Searcher(Protocol):
     def search(self, query: str, k: int) -> list[SearchHit]: ...
 
 
+def retrieval_logits(hits: Sequence[SearchHit], scores_are_retrieval_logits: bool) -> torch.Tensor:
+    """(K,) the logits of p(z | x) among these hits, as the reader weighs them: f(x, z), or zeros (uniform) when the
+    searcher's scores only rank (BM25)."""
+    if not scores_are_retrieval_logits:
+        return torch.zeros(len(hits))
+    return torch.tensor([hit.score for hit in hits], dtype=torch.float32)
+
+
 def hits_json(hits: Sequence[SearchHit], scores_are_retrieval_logits: bool) -> list[dict]:
-    """What `realm search --json` prints and `POST /search` returns: each hit with its p(z | x) among these hits,
-    the softmax of f(x, z), or uniform when the searcher's scores only rank (BM25), as the reader weighs them."""
-    scores = np.array([hit.score for hit in hits], dtype=np.float64)  # (K,)
-    probs = np.exp(scores - scores.max()) if scores_are_retrieval_logits and len(hits) else np.ones_like(scores)
-    probs /= probs.sum() or 1.0
-    return [{**dataclasses.asdict(hit), "retrieval_prob": float(p)} for hit, p in zip(hits, probs)]
+    """What `realm search --json` prints and `POST /search` returns: each hit with its p(z | x) among these hits."""
+    probs = torch.softmax(retrieval_logits(hits, scores_are_retrieval_logits), 0).tolist()
+    return [{**dataclasses.asdict(hit), "retrieval_prob": p} for hit, p in zip(hits, probs)]
 
 
 def _hits(store: BlockStore, scores: np.ndarray, ids: np.ndarray) -> list[list[SearchHit]]:

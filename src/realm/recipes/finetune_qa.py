@@ -217,11 +217,7 @@ def train_qa(
             loss.backward()
             optimizer_step(model, optimizer, scheduler)
             step += 1
-            metrics = {
-                "loss": loss.item(),
-                **{name: v.item() for name, v in stats.items()},
-                "lr": scheduler.get_last_lr()[0],
-            }
+            metrics = {"loss": loss.item(), **{m: v.item() for m, v in stats.items()}, "lr": scheduler.get_last_lr()[0]}
             end_of_epoch = step % steps_per_epoch == 0 or step == total  # epochs counted in steps
             if end_of_epoch and d.main:
                 answerer = Answerer(
@@ -236,7 +232,9 @@ def train_qa(
                     save_best(model, out / BEST, best | {"questions": len(dev_part), "time": time.time()})
             metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or end_of_epoch)
             if step % cfg.checkpoint_every == 0 or end_of_epoch:
-                save_checkpoint(out, step, model, optimizer, scheduler, position, d, extra={"best_em": best_em})
+                save_checkpoint(
+                    out, step, model, optimizer, scheduler, position, d, {"best_em": best_em}, final=step == total
+                )
     finally:
         metrics_log.close()
     if d.main:

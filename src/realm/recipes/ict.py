@@ -143,7 +143,7 @@ def train_ict(
             log_now=step % cfg.log_every == 0 or step == steps,
         )
         if step % cfg.checkpoint_every == 0 or step == steps:
-            save_checkpoint(out, step, model, optimizer, scheduler, position, d)
+            save_checkpoint(out, step, model, optimizer, scheduler, position, d, final=step == steps)
     metrics_log.close()
     if d.main:
         retriever.save(out / "retriever")

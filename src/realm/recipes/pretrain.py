@@ -228,7 +228,7 @@ def train_pretrain(
             if d.main and policy.should_snapshot(step):
                 save_snapshot(model.retriever, run.snapshots, step)
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                save_checkpoint(run.out, step, model, optimizer, scheduler, position, d)
+                save_checkpoint(run.out, step, model, optimizer, scheduler, position, d, final=step == cfg.steps)
     finally:
         metrics_log.close()
         builder.stop(finished=step >= cfg.steps)
