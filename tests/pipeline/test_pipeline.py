@@ -301,6 +301,9 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     shown = json.loads((run / STAGES / "examples.json").read_text())["result"]["examples"]
     gains = [e["p_with_top_block"] - e["p_without_retrieval"] for e in shown]
     assert len(shown) == 3 and gains == sorted(gains, reverse=True)  # where the top block helped most, first
+    scored = json.loads((run / STAGES / "examples.json").read_text())["result"]["with_retrieval"]
+    gain = f"| retrieval gain, paired | {scored['retrieval_gain']:+.2f} points"
+    assert gain in (run / "realm" / "README.md").read_text()  # the REALM model's card holds what the report says
     evaluation = json.loads((run / STAGES / "eval.json").read_text())["result"]
     assert set(evaluation) == {
         "dense",

@@ -201,12 +201,25 @@ def pretraining_examples(corpus: Path, realm_run: Path, preset: Preset) -> dict:
     model, held_out, store, index, finder = held_out_scoring(corpus, realm_run, preset)
     k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
     examples = worked_examples(model, held_out, store, index, k, tokens, masks, pool=EXAMPLE_POOL, finder=finder)
+    scored = masked_span_accuracy(  # the null document alone is candidate 0 of the same pass
+        model, held_out, store, index, k, tokens, masks, finder=finder, **SCORING
+    )
+    write_model_card(realm_run, realm_run, pretraining_figures(scored, k))
     return {
         "held_out_sentences": len(held_out),  # with a maskable salient span
         "held_out_sentences_tagged": held_out.tagged,
         "pool": EXAMPLE_POOL,
         "examples": [e.to_dict() for e in examples],
-        "with_retrieval": masked_span_accuracy(  # the null document alone is candidate 0 of the same pass
-            model, held_out, store, index, k, tokens, masks, finder=finder, **SCORING
-        ),
+        "with_retrieval": scored,
+    }
+
+
+def pretraining_figures(scored: dict, num_candidates: int) -> dict[str, str]:
+    """The REALM model's figures for its card: held-out masked-token accuracy with and without retrieval."""
+    low, high = scored["retrieval_gain_95ci"]
+    where = f"{scored['spans']} salient spans of {scored['sentences']} held-out sentences"
+    return {
+        "masked-token accuracy, null document only": f"{scored['null_token_accuracy']:.2f} ({where})",
+        f"masked-token accuracy, null document and {num_candidates - 1} retrieved blocks": f"{scored['token_accuracy']:.2f}",
+        "retrieval gain, paired": f"{scored['retrieval_gain']:+.2f} points [{low:+.2f}, {high:+.2f}] (95% interval)",
     }
