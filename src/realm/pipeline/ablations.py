@@ -118,7 +118,9 @@ def ablation_table(doc: ReportDocument, rows: list[list]) -> None:
         "numbers are NQ dev exact match (Guu et al., 2020). Same corpus, data and step counts for every row. "
         "The difference is paired over the same questions, with its 95% bootstrap interval; 'detectable' is the "
         "smallest true difference these questions would show 80% of the time (2.8 standard errors): a smaller "
-        "effect, such as the paper's scaled down to a short run, can hide in a flat row."
+        "effect, such as the paper's scaled down to a short run, can hide in a flat row. The interval resamples "
+        "questions, not training: one fine-tuning rerun with another seed can land as far from itself as a row's "
+        "difference (`benchmarks/qa_seeds.py` reruns these QA stages with other seeds and measures it)."
     )
     doc.table(
         [
