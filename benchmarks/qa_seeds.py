@@ -12,7 +12,8 @@ as the pipeline's ablation rows do, and prints:
 
     python benchmarks/qa_seeds.py --run runs/abl120c --pairs qa:qa_ict qa_trained:qa_frozen --seeds 1 --out runs/abl120c_seeds
 
-Each replicate is a folder under --out (resumable; a finished one is read back, not rerun).
+Run it from the folder the pipeline ran in: the stages' config.json hold paths relative to it. Each replicate is a
+folder under --out (resumable; a finished one is read back, not rerun).
 """
 
 from __future__ import annotations
@@ -39,15 +40,20 @@ def stage_predictions(run: Path, stage: str) -> Path:
     return run / ("eval" if stage == "qa" else stage) / "predictions_dense.jsonl"
 
 
+def stage_config(run: Path, stage: str) -> dict:
+    """A pipeline stage's config.json: {"config", "command", ...}."""
+    saved = read_run_config(run / stage)
+    if saved is None:
+        raise SystemExit(f"{run / stage}: no config.json: not a QA stage of a pipeline run")
+    return saved
+
+
 def replicate(run: Path, stage: str, seed: int, out: Path, train_path: str, dev_path: str) -> Path:
     """Fine-tune and score `stage` again with `seed`; returns the dense predictions file."""
     folder = out / f"{stage}_seed{seed}"
     if (folder / RESULT).is_file():
         return folder / "predictions_dense.jsonl"
-    saved = read_run_config(run / stage)
-    if saved is None:
-        raise SystemExit(f"{run / stage}: no config.json: not a QA stage of a pipeline run")
-    config = saved["config"]
+    config = stage_config(run, stage)["config"]
     preset = get_preset("cpu")
     preset = dataclasses.replace(
         preset,
@@ -79,10 +85,10 @@ def main() -> None:
     args = parser.parse_args()
 
     pairs = [tuple(pair.split(":")) for pair in args.pairs]
+    if any(len(pair) != 2 for pair in pairs):
+        parser.error(f"--pairs: each is STAGE_A:STAGE_B, got {args.pairs}")
     stages = list(dict.fromkeys(stage for pair in pairs for stage in pair))
-    saved = read_run_config(args.run / stages[0])
-    assert saved is not None, f"{args.run / stages[0]}: no config.json"
-    command = saved["command"]
+    command = stage_config(args.run, stages[0])["command"]
     train_path, dev_path = command[command.index("--qa-train") + 1], command[command.index("--qa-dev") + 1]
     predictions = {stage: {0: stage_predictions(args.run, stage)} for stage in stages}
     for seed in args.seeds:
