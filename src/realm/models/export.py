@@ -104,6 +104,9 @@ class ExportedTower(nn.Module):
 def export_onnx(retriever: Retriever, out: Path, max_block_tokens: int, int8: bool = False) -> None:
     """OUT/query and OUT/doc, each model.onnx (and model_int8.onnx), its tokenizer and realm_onnx.json."""
 
+    for logger in ("onnxscript", "onnx_ir", "torch.onnx._internal.exporter._registration"):
+        logging.getLogger(logger).setLevel(logging.ERROR)  # the exporter's passes, node by node
+
     def write(tmp: Path) -> None:
         for name, (tower, max_tokens) in _towers(retriever, max_block_tokens).items():
             folder = tmp / name
@@ -113,8 +116,6 @@ def export_onnx(retriever: Retriever, out: Path, max_block_tokens: int, int8: bo
                 ["a question", "a longer second question"], pairs, padding=True, return_tensors="pt"
             )  # (2, L) each: a batch of two rows of different lengths
             batch, length = torch.export.Dim("batch"), torch.export.Dim("length", max=max_tokens)
-            for logger in ("onnxscript", "onnx_ir", "torch.onnx._internal.exporter._registration"):
-                logging.getLogger(logger).setLevel(logging.ERROR)  # the exporter's passes, node by node
             with warnings.catch_warnings():  # the exporter's notes on its own internals, not on this graph
                 warnings.filterwarnings("ignore", message=".*(LeafSpec|axis name).*")
                 torch.onnx.export(
