@@ -121,6 +121,9 @@ class PretrainConfig:
     null_warmup_steps: int = 0  # the first N steps retrieve nothing: a cheap warm-up of a fresh masked-LM head
     # what the warm-up reads besides the null document: nothing, one block (context, holder: recipes/warmup.py)
     reader_warmup: Literal["null", "context", "holder"] = "null"
+    # marginal: the paper's loss; marginal+candidates adds each candidate's own masked-LM loss, for the reader only
+    # (models/realm.py: candidate_mlm_loss), so that it learns to ignore a block that does not hold the span
+    reader_loss: Literal["marginal", "marginal+candidates"] = "marginal"
     # learned_weight's b_null (models/realm.py; starts at 0, p(null) 0.5): one scalar, Adam moves it ~this much a step
     null_score_lr: float = 0.05
     warmup_steps: int = 10_000

@@ -29,6 +29,7 @@ from realm.index.refresh import (
 )
 from realm.models.realm import (
     NULL_BLOCK,
+    candidate_mlm_loss,
     make_batch,
     marginal_mlm_loss,
     retrieval_log_probs,
@@ -129,6 +130,34 @@ def test_gradient_reaches_both_towers_and_reader(tiny_corpus, tokenizer):
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in part.parameters())
     assert model.null_score.grad is not None and model.null_score.grad.abs() > 0
     assert 0 <= stats["accuracy"].item() <= 1
+
+
+def test_candidate_loss_is_each_candidates_own_reading_and_trains_the_reader_only(tiny_corpus, tokenizer):
+    from realm.models.mlm_reader import Reader
+    from realm.models.realm import RealmModel
+
+    token_lp = torch.log(torch.tensor([[[0.9, 0.5], [0.1, 0.5], [0.3, 0.3]]]))  # (B=1, K=3, M=2)
+    candidates, valid = torch.tensor([[True, True, False]]), torch.tensor([[True, False]])  # one padded, one mask
+    assert candidate_mlm_loss(token_lp, candidates, valid).item() == pytest.approx(-(math.log(0.9) + math.log(0.1)) / 2)
+
+    query = mask_sentence(
+        "Paris is the capital of France.", [(0, 5)], "salient", tokenizer, 32, 5, np.random.default_rng(0)
+    )
+    batch = make_batch([query], np.array([[0, 1]]), tiny_corpus, tokenizer, tiny_corpus.config)
+    grads = {}
+    for reader_loss in ("marginal", "marginal+candidates"):
+        torch.manual_seed(0)
+        retriever, reader = Retriever.load("random", TINY_PRESET.retriever), Reader.load("random", NO_DROPOUT_SHAPE)
+        model = RealmModel(retriever, reader, reader_loss)
+        loss, stats = model(batch)
+        loss.backward()
+        grads[reader_loss] = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    plain, added = grads["marginal"], grads["marginal+candidates"]
+    for name in plain:  # the towers and b_null see the marginal alone; the reader sees more
+        if name.startswith("reader."):
+            continue
+        assert torch.allclose(plain[name], added[name]), name
+    assert any(not torch.allclose(plain[n], added[n]) for n in plain if n.startswith("reader."))
 
 
 def test_null_score_offsets_the_null_document_and_is_saved_with_the_retriever(tmp_path, tiny_corpus, tokenizer):

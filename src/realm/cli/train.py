@@ -116,6 +116,11 @@ def add_commands(commands) -> None:
         "(context), or the best-scored block of another document that holds the masked span (holder)",
     )
     pretrain.add_argument(
+        "--reader-loss",
+        choices=["marginal", "marginal+candidates"],
+        help="marginal: the paper's; marginal+candidates adds each candidate's own masked-LM loss (the reader only)",
+    )
+    pretrain.add_argument(
         "--num-candidates", type=positive_int, help="candidates per query, the null document included"
     )
     pretrain.add_argument("--masking", choices=["salient", "random-span", "uniform"])

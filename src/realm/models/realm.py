@@ -80,6 +80,19 @@ def marginal_mlm_loss(
     return -mean_marginal, stats
 
 
+def candidate_mlm_loss(
+    token_log_probs: torch.Tensor, candidate_mask: torch.Tensor, mask_valid: torch.Tensor
+) -> torch.Tensor:
+    """token_log_probs (B, K, M) log p(y_j | z, x); candidate_mask (B, K); mask_valid (B, M). Returns - the mean over
+    every masked token of the mean over its candidates of log p(y_j | z, x): each candidate's reading trained on its
+    own (`reader_loss="marginal+candidates"`). Under the marginal alone a candidate's reading gets gradient in
+    proportion to its posterior p(z | x, y), so a block that does not help is never taught to be ignored."""
+    weights = candidate_mask.float() / candidate_mask.sum(1, keepdim=True)  # (B, K), 1/K over the valid candidates
+    per_token = (weights.unsqueeze(-1) * token_log_probs).sum(1)  # (B, M)
+    valid = mask_valid.float()
+    return -(per_token * valid).sum() / valid.sum().clamp(min=1)
+
+
 def select_candidates(
     retrieved: np.ndarray, block_doc_ids: np.ndarray, source_doc_ids: list[str], num_retrieved: int
 ) -> np.ndarray:
@@ -174,10 +187,11 @@ def make_batch(
 class RealmModel(nn.Module):
     """The retriever's two towers and the reader, trained jointly (one module, so DDP sees every parameter)."""
 
-    def __init__(self, retriever: Retriever, reader: Reader):
+    def __init__(self, retriever: Retriever, reader: Reader, reader_loss: str = "marginal"):
         super().__init__()
         self.retriever = retriever
         self.reader = reader
+        self.reader_loss = reader_loss  # PretrainConfig.reader_loss
         self.null_document = retriever.config.null_document
         if self.null_document == "learned_weight":
             self.null_score = nn.Parameter(torch.tensor(retriever.null_score))  # b_null
@@ -216,6 +230,8 @@ class RealmModel(nn.Module):
         targets = batch.targets.unsqueeze(1).expand(-1, k, -1)  # (B, K, M)
         token_log_probs = torch.gather(log_probs, 3, targets.unsqueeze(-1)).squeeze(-1)  # (B, K, M)
         loss, stats = marginal_mlm_loss(log_pz, token_log_probs, batch.mask_valid)
+        if self.reader_loss == "marginal+candidates" and k > 1:  # the reader alone: no gradient reaches p(z | x)
+            loss = loss + candidate_mlm_loss(token_log_probs, batch.candidate_mask, batch.mask_valid)
         with torch.no_grad():  # MLM accuracy of the marginal p(y_j | x) = sum_z p(z | x) p(y_j | z, x)
             log_pz = log_pz.detach()
             marginal = torch.logsumexp(log_pz[:, :, None, None] + log_probs, dim=1)  # (B, M, V)

@@ -178,7 +178,9 @@ def train_pretrain(
     run.out.mkdir(parents=True, exist_ok=True)
     store = BlockStore(corpus)
     model = RealmModel(
-        Retriever.load(retriever_spec, preset.retriever), Reader.load(reader_spec, preset.retriever.shape)
+        Retriever.load(retriever_spec, preset.retriever),
+        Reader.load(reader_spec, preset.retriever.shape),
+        cfg.reader_loss,
     )
     finder, sentences = training_sentences(store, model, preset, run, progress, d)
     order = DataOrder(len(sentences), cfg.seed)
