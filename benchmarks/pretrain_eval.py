@@ -6,7 +6,8 @@ config.json; they stay in the knowledge corpus Z, minus the trivial retrievals);
 with the same seeded masks for every model. For each `--run` (a `realm train pretrain` output):
     - masked-token accuracy of its reader with retrieval (the marginal over the null document and the
       run's last index version) and with the null document alone, same masks, same forward pass; the paired
-      gain of retrieval and its interval over sentences (`--every-span`: each salient span masked in turn);
+      gain of retrieval and its interval over sentences (`--every-span`: each salient span masked in turn), and
+      the difference of its gain and the first run's, paired over the same sentences;
     - with `--qa`: zero-shot recall@k of its retriever (over `--run NAME=RUN=INDEX`, an index built from the
       run's final towers) and the paired difference in hit@5 against the `--warm-start` retriever, the
       baseline measured in the same run.
@@ -89,9 +90,11 @@ def main() -> None:
     finder = SpanFinder(store, load_tokenizer(minilm_dir()))  # the cpu preset's tokenizer normalises the words
     print(
         f"\n| run | masked spans (sentences) | token acc. with retrieval ({k} candidates) | null document only "
-        "| gain [95%] | p(null) | recoverable / retrieved spans | gain on retrieved spans [95%] |"
+        "| gain [95%] | p(null) | recoverable / retrieved spans | gain on retrieved spans [95%] "
+        f"| gain minus {runs[0][0]}'s, paired [95%] |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    first_gains = None
     for name, run_dir, *_ in runs:
         model = RealmModel(
             Retriever.load(str(Path(run_dir) / "retriever"), preset.retriever),
@@ -111,11 +114,15 @@ def main() -> None:
         )
         low, high = r["retrieval_gain_95ci"]
         retrieved = r["by_recoverability"]["retrieved"]
+        first_gains = first_gains or r["per_sentence_gain"]  # the same masks for every run: a paired comparison
+        diff, (dlow, dhigh) = paired_difference(r["per_sentence_gain"], first_gains)
         print(
             f"| {name} | {r['spans']} ({r['sentences']}) | {r['token_accuracy']:.2f} | {r['null_token_accuracy']:.2f} | "
             f"{r['retrieval_gain']:+.2f} [{low:+.2f}, {high:+.2f}] | {r['p_null']:.3f} | "
             f"{r['recoverable_share']:.1f}% / {r['retrieved_share']:.1f}% | {retrieved['retrieval_gain']:+.2f} "
-            "[{:+.2f}, {:+.2f}] |".format(*retrieved["retrieval_gain_95ci"])
+            "[{:+.2f}, {:+.2f}] | {:+.2f} [{:+.2f}, {:+.2f}] |".format(
+                *retrieved["retrieval_gain_95ci"], diff, dlow, dhigh
+            )
         )
 
     if not args.qa:

@@ -664,6 +664,10 @@ def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
     low, high = retrieved["retrieval_gain_95ci"]
     assert low <= retrieved["retrieval_gain"] <= high
     assert retrieved["retrieval_gain"] == pytest.approx(retrieved["token_accuracy"] - alone["token_accuracy"])
+    per_sentence = retrieved["per_sentence_gain"]  # what runs scored on the same masks compare, paired
+    assert len(per_sentence) == retrieved["sentences"] and np.mean(per_sentence) == pytest.approx(
+        retrieved["retrieval_gain"]
+    )
     # every salient span in turn: more masks, the same sentences resampled together
     each = masked_span_accuracy(model, sentences, tiny_corpus, MipsIndex(tmp_path / "index"), 3, 32, every_span=True)
     with_spans = sum(1 for spans in sentences.spans if spans)

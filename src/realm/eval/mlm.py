@@ -161,6 +161,7 @@ def masked_span_accuracy(
         "utility": utility / spans,
         "spans": spans,
         "sentences": len(per_sentence),
+        "per_sentence_gain": per_sentence.tolist(),  # points, in sentence order: runs scored alike compare paired
     }
 
 

@@ -204,6 +204,7 @@ def pretraining_examples(corpus: Path, realm_run: Path, preset: Preset) -> dict:
     scored = masked_span_accuracy(  # the null document alone is candidate 0 of the same pass
         model, held_out, store, index, k, tokens, masks, finder=finder, **SCORING
     )
+    scored.pop("per_sentence_gain")  # the record keeps the summary
     write_model_card(realm_run, realm_run, pretraining_figures(scored, k))
     return {
         "held_out_sentences": len(held_out),  # with a maskable salient span
