@@ -9,6 +9,7 @@ For a masked sentence x with masks j and candidates z_0 = null document, z_1..z_
 
 with f(x, null) = Embed_input(x) · Embed_doc([CLS] [SEP] [SEP]), the null document embedded like an empty block.
 Retrieval utility = mean_j [ log p(y_j | x) - log p(y_j | null, x) ] over masked tokens: positive when retrieval helps.
+`reader_loss="marginal+candidates"` (off by default) adds - mean_j mean_z log p(y_j | z, x), the reader only.
 
 `null_document="learned_weight"` (the cpu preset) replaces the first line by
 
