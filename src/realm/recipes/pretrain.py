@@ -177,11 +177,8 @@ def train_pretrain(
     torch.manual_seed(cfg.seed + d.rank)
     run.out.mkdir(parents=True, exist_ok=True)
     store = BlockStore(corpus)
-    model = RealmModel(
-        Retriever.load(retriever_spec, preset.retriever),
-        Reader.load(reader_spec, preset.retriever.shape),
-        cfg.reader_loss,
-    )
+    retriever = Retriever.load(retriever_spec, preset.retriever)
+    model = RealmModel(retriever, Reader.load(reader_spec, preset.retriever.shape), cfg.reader_loss)
     finder, sentences = training_sentences(store, model, preset, run, progress, d)
     order = DataOrder(len(sentences), cfg.seed)
     optimizer, scheduler = _optimizer(model.to(device).train(), cfg)
