@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from realm.config import get_preset
-from realm.data.sentences import mask_each_salient_span
 from realm.eval.intervals import bootstrap_interval
+from realm.eval.mlm import masked_queries, sentence_points
 from realm.index.search import retrieve
 from realm.models.realm import NULL_BLOCK, RealmModel, make_batch, pad_queries
 from realm.pipeline.work import held_out_scoring
@@ -48,17 +48,8 @@ def score_run(corpus: Path, run: Path, preset, limit: int | None) -> dict[str, n
     model.eval()
     model.null_score.data.fill_(-30.0)  # learned_weight: p(null | x) = sigmoid(-30), all mass on the block read
     tokenizer, doc_ids = model.retriever.tokenizer, np.array(store.column("doc_id"), dtype=object)
-    items = [
-        (i, query)
-        for i in range(min(limit or len(held_out), len(held_out)))
-        for query in mask_each_salient_span(
-            held_out.texts[i],
-            held_out.spans[i],
-            tokenizer,
-            preset.retriever.query_max_tokens,
-            preset.pretrain.max_masks,
-        )
-    ]
+    tokens, masks = preset.retriever.query_max_tokens, preset.pretrain.max_masks
+    items = list(masked_queries(held_out, tokenizer, tokens, masks, limit, every_span=True))  # (sentence, query)
     columns: dict[str, list] = {name: [] for name in ("sentence", "tokens", "null", "holder", "distractor")}
     for start in range(0, len(items), BATCH):
         rows, queries = zip(*items[start : start + BATCH])
@@ -85,13 +76,6 @@ def score_run(corpus: Path, run: Path, preset, limit: int | None) -> dict[str, n
     return {name: np.array(values) for name, values in columns.items()} | {"all_spans": np.array(len(items))}
 
 
-def sentence_points(scores: dict[str, np.ndarray], a: str, b: str) -> np.ndarray:
-    """Per sentence: correct tokens of `a` minus `b` over its spans, as points of the mean tokens a sentence."""
-    _, sentence_of = np.unique(scores["sentence"], return_inverse=True)
-    summed = np.bincount(sentence_of, weights=(scores[a] - scores[b]).astype(np.float64))
-    return 100 * summed / (scores["tokens"].sum() / len(summed))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", required=True, type=Path)
@@ -110,7 +94,7 @@ def main() -> None:
         accuracy = {key: 100 * s[key].sum() / tokens for key in ("null", "holder", "distractor")}
         cells = []
         for key in ("holder", "distractor"):
-            points = sentence_points(s, key, "null")
+            points = sentence_points(s["sentence"], s[key] - s["null"], s["tokens"].sum())
             low, high = bootstrap_interval(points)
             cells.append(f"{points.mean():+.2f} [{low:+.2f}, {high:+.2f}]")
         print(

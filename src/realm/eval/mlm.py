@@ -9,7 +9,7 @@ is the argmax of the marginal sum_z p(z | x) p(y_j | z, x); without one, the nul
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from itertools import islice
 
@@ -31,7 +31,7 @@ EVAL_SEED = 12345
 RECOVERABILITY = ("retrieved", "recoverable_not_retrieved", "not_recoverable")
 
 
-def _masked_queries(
+def masked_queries(
     sentences: SentenceSet,
     tokenizer: PreTrainedTokenizerBase,
     query_max_tokens: int,
@@ -69,7 +69,7 @@ def _scored(
     device = next(model.parameters()).device  # the GPU when the caller put the model there
     tokenizer = model.retriever.tokenizer
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
-    items = _masked_queries(sentences, tokenizer, query_max_tokens, max_masks, limit, every_span)
+    items = masked_queries(sentences, tokenizer, query_max_tokens, max_masks, limit, every_span)
     try:
         while chunk := list(islice(items, batch_size)):
             rows = [i for i, _ in chunk]
@@ -86,6 +86,15 @@ def _scored(
             yield rows, queries, batch, stats
     finally:
         model.train()
+
+
+def sentence_points(rows: Sequence[int], differences: Sequence[float], tokens: int) -> np.ndarray:
+    """Per span its sentence index and a difference in correct tokens (e.g. with retrieval minus without); `tokens`
+    masked in all. Returns (S,) per sentence, over its spans, in points of the mean tokens a sentence: their mean is
+    the accuracy difference, and resampling them keeps a sentence's spans together (they share its words)."""
+    _, sentence_of = np.unique(np.asarray(rows), return_inverse=True)
+    summed = np.bincount(sentence_of, weights=np.asarray(differences, dtype=np.float64))  # (S,)
+    return 100 * summed / (tokens / len(summed))
 
 
 def masked_span_accuracy(
@@ -132,9 +141,7 @@ def masked_span_accuracy(
             doc_ids = [sentences.doc_ids[i] for i in batch_rows]
             found = finder.label(batch.masked_texts(model.retriever.tokenizer), doc_ids, batch.candidate_ids[:, 1:])
             groups += [RECOVERABILITY[0] if hit else RECOVERABILITY[1 + (not rec)] for rec, hit in zip(*found)]
-    _, sentence_of = np.unique(np.array(rows), return_inverse=True)
-    summed = np.bincount(sentence_of, weights=np.array(gains, dtype=np.float64))  # (S,) over each sentence's spans
-    per_sentence = 100 * summed / (tokens / len(summed))  # its mean: the accuracy difference in points
+    per_sentence = sentence_points(rows, gains, tokens)
     low, high = bootstrap_interval(per_sentence)
     gain = float(per_sentence.mean())
     per_span = 100 * np.array(gains, dtype=np.float64) / np.maximum(1, masks)  # each span's difference, points
