@@ -1,4 +1,5 @@
-"""The holder warm-up: each masked sentence reads the best-scored block of another document holding its span."""
+"""The warm-ups that read a block: the holder warm-up (the best-scored block of another document holding the masked
+span) and the copy warm-up (the sentence's own block, whole)."""
 
 from __future__ import annotations
 
@@ -83,3 +84,33 @@ def test_pretraining_with_the_holder_warmup(tmp_path, tokenizer):
     # b_null waits for retrieval: p(null) is 1/2 beside a holder, 1 where no other document holds the span
     assert all(0.5 <= m["p_null"] <= 1.0 for m in metrics[:2]) and min(m["p_null"] for m in metrics[:2]) < 1.0
     assert ["span_recoverable" in m for m in metrics] == [False, False, True, True]
+
+
+def test_the_copy_warmup_reads_the_own_block_with_the_masked_span_in_it(tmp_path, tokenizer, tiny_retriever):
+    """--reader-warmup copy: each masked sentence's one block is its own, whole, so the reader input holds the
+    masked wordpieces in the same words (the context warm-up cuts them out)."""
+    store = _store(tmp_path, tokenizer)
+    cfg = dataclasses.replace(TINY_PRESET.pretrain, null_warmup_steps=2, reader_warmup="copy")
+    sentences = SentenceSet(build_sentences(store, progress=False), 0.0)
+    max_tokens = TINY_PRESET.retriever.query_max_tokens
+    rows = np.array([i for i, (text, spans) in enumerate(zip(sentences.texts, sentences.spans))
+                     if mask_each_salient_span(text, spans, tokenizer, max_tokens, cfg.max_masks)])  # fmt: skip
+    model = RealmModel(tiny_retriever, Reader.load("random", TINY_PRESET.retriever.shape))
+    block_doc_ids = np.array(store.column("doc_id"), dtype=object)
+    batches = {
+        kind: make_pretrain_batch(model, None, sentences, rows, 0, cfg, max_tokens, store, block_doc_ids,
+                                  torch.device("cpu"), torch.float32, warmup_reading(kind, store, None, None))
+        for kind in ("copy", "context")
+    }  # fmt: skip
+    copy, context = batches["copy"], batches["context"]
+    assert copy.candidate_ids.tolist() == context.candidate_ids.tolist()  # the same block: the sentence's own
+    assert [block_doc_ids[z] for z in copy.candidate_ids[:, 1]] == [sentences.doc_ids[i] for i in rows]
+    def block_part(batch, b: int) -> str:  # the wordpieces after [CLS] x_masked [SEP] of query b's one block
+        ids = batch.reader["input_ids"][2 * b + 1].tolist()
+        return " ".join(map(str, ids[ids.index(tokenizer.sep_token_id) + 1 :]))
+
+    for b, i in enumerate(rows):
+        sentence = " ".join(map(str, tokenizer(sentences.texts[i], add_special_tokens=False)["input_ids"]))
+        span = " ".join(map(str, copy.targets[b][copy.mask_valid[b]].tolist()))
+        assert sentence in block_part(copy, b) and sentence not in block_part(context, b)
+        assert span in block_part(copy, b)

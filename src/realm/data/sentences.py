@@ -224,8 +224,8 @@ class SentenceSet:
 
 
 class OwnBlocks:
-    """Each sentence's own block with the sentence cut out: what the context warm-up reads (ICT removes the
-    sentence from its context for the retriever; here the reader must find the span elsewhere in the block)."""
+    """Each sentence's own block, whole (the copy warm-up reads it) or with the sentence cut out (the context
+    warm-up: ICT removes the sentence from its context for the retriever; the reader must find the span elsewhere)."""
 
     def __init__(self, store: BlockStore):
         self.store = store
@@ -233,12 +233,17 @@ class OwnBlocks:
         for block, doc_id in enumerate(store.column("doc_id")):
             self.blocks_of.setdefault(doc_id, []).append(block)
 
-    def without(self, doc_id: str, sentence: str) -> tuple[int, str]:
-        """(the block of `doc_id` that holds `sentence`, its body without it); (-1, "") if none holds it."""
+    def holding(self, doc_id: str, sentence: str) -> tuple[int, str]:
+        """(the block of `doc_id` that holds `sentence`, its body); (-1, "") if none holds it."""
         for block, found in zip(self.blocks_of.get(doc_id, []), self.store.take(self.blocks_of.get(doc_id, []))):
             if sentence in found.body:
-                return block, " ".join(found.body.replace(sentence, " ", 1).split())
+                return block, found.body
         return -1, ""
+
+    def without(self, doc_id: str, sentence: str) -> tuple[int, str]:
+        """(the block of `doc_id` that holds `sentence`, its body without it); (-1, "") if none holds it."""
+        block, body = self.holding(doc_id, sentence)
+        return block, " ".join(body.replace(sentence, " ", 1).split())
 
 
 def _encode(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> tuple[list[int], list[tuple[int, int]]]:

@@ -1,8 +1,10 @@
 """What the reader reads in pretraining's warm-up, beside the null document (`PretrainConfig.reader_warmup`).
 
 The warm-up comes before retrieval, while the towers do not train. `null` reads nothing else (the cheapest steps:
-a fresh masked-LM head learns to predict). The other two give each masked sentence one block, so the reader also
+a fresh masked-LM head learns to predict). The others give each masked sentence one block, so the reader also
 learns to take a span from a block, which is what retrieval offers it afterwards:
+- `copy`: the sentence's own block, whole: the masked span stands in it, in the same words (the trivial retrieval
+  the towers are barred from, given to the reader alone, to learn to copy);
 - `context`: the sentence's own block with the sentence cut out (ICT's trick, for the reader);
 - `holder`: a block of another document that holds the masked span, the one the current retriever scores highest
   (none when no other document holds it). The span lookup is a label only the reader sees; the towers never do,
@@ -41,15 +43,16 @@ def best_holders(
 
 
 class WarmupReading:
-    """The one block each masked sentence reads in the warm-up (`context` or `holder`, see the module's doc)."""
+    """The one block each masked sentence reads in the warm-up (`copy`, `context` or `holder`, see the module's
+    doc)."""
 
     def __init__(self, kind: str, store: BlockStore, finder: SpanFinder | None, index: MipsIndex | None):
-        if kind not in ("context", "holder"):
-            raise ValueError(f"unknown warm-up reading {kind!r}: context or holder")
+        if kind not in ("copy", "context", "holder"):
+            raise ValueError(f"unknown warm-up reading {kind!r}: copy, context or holder")
         if kind == "holder" and (finder is None or index is None):
             raise ValueError("the holder warm-up needs the span lookup and an index (a corpus of at most 1M blocks)")
-        self.own = OwnBlocks(store) if kind == "context" else None
-        self.finder, self.index = finder, index
+        self.own = OwnBlocks(store) if kind in ("copy", "context") else None
+        self.kind, self.finder, self.index = kind, finder, index
 
     def blocks(
         self,
@@ -62,8 +65,10 @@ class WarmupReading:
     ) -> tuple[np.ndarray, list[str] | None]:
         """(B, 1) block ids and, for `context`, the bodies that replace theirs (the block without the sentence)."""
         if self.own is not None:
-            own = [self.own.without(doc_id, text) for doc_id, text in zip(source_doc_ids, sentence_texts)]
-            return np.array([[block] for block, _ in own], dtype=np.int64), [body for _, body in own]
+            find = self.own.without if self.kind == "context" else self.own.holding
+            own = [find(doc_id, text) for doc_id, text in zip(source_doc_ids, sentence_texts)]
+            bodies = [body for _, body in own] if self.kind == "context" else None
+            return np.array([[block] for block, _ in own], dtype=np.int64), bodies
         assert self.finder is not None and self.index is not None
         tokenizer = retriever.tokenizer
         query, *_ = pad_queries(queries, tokenizer.pad_token_id)
