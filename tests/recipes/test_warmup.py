@@ -105,6 +105,7 @@ def test_the_copy_warmup_reads_the_own_block_with_the_masked_span_in_it(tmp_path
     copy, context = batches["copy"], batches["context"]
     assert copy.candidate_ids.tolist() == context.candidate_ids.tolist()  # the same block: the sentence's own
     assert [block_doc_ids[z] for z in copy.candidate_ids[:, 1]] == [sentences.doc_ids[i] for i in rows]
+
     def block_part(batch, b: int) -> str:  # the wordpieces after [CLS] x_masked [SEP] of query b's one block
         ids = batch.reader["input_ids"][2 * b + 1].tolist()
         return " ".join(map(str, ids[ids.index(tokenizer.sep_token_id) + 1 :]))
