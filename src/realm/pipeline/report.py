@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from realm.common.io import write_atomic
+from realm.config import PretrainConfig
 from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations, start_retriever
 from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import ReportDocument
@@ -44,19 +45,7 @@ def _configuration(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
                 if preset.ict.steps
                 else "none: REALM starts from the warm start",
             ],
-            [
-                "REALM pretraining",
-                f"{preset.pretrain.steps} steps, batch {preset.pretrain.batch_size}, lr {preset.pretrain.lr:g}, "
-                f"{preset.pretrain.num_candidates} candidates incl. null, {preset.pretrain.masking} masking, "
-                + (
-                    "document tower fixed (the first index stays exact), "
-                    if preset.pretrain.doc_tower == "fixed"
-                    else f"refresh every {preset.pretrain.refresh_every} steps, "
-                )
-                + f"first {preset.pretrain.null_warmup_steps} on the null document alone, "
-                + ("query tower" if preset.pretrain.doc_tower == "fixed" else "towers")
-                + f" frozen for {preset.pretrain.towers_start_step} steps",
-            ],
+            ["REALM pretraining", pretraining_setting(preset.pretrain)],
             ["pretraining sentences", _sentence_usage(r.get("realm", {}).get("sentences"))],
             [
                 "QA fine-tuning",
@@ -66,6 +55,27 @@ def _configuration(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
                 else "not run (no --qa-train / --qa-dev)",
             ],
         ],
+    )
+
+
+def pretraining_setting(cfg: PretrainConfig) -> str:
+    """The REALM pretraining row of the configuration table: what a reader of the report needs to rerun it."""
+    warmup = (
+        "the null document alone"
+        if cfg.reader_warmup == "null"
+        else f"the null document and a block ({cfg.reader_warmup} warm-up)"
+    )
+    return (
+        f"{cfg.steps} steps, batch {cfg.batch_size}, lr {cfg.lr:g}, {cfg.num_candidates} candidates incl. null, "
+        f"{cfg.masking} masking, "
+        + (
+            "document tower fixed (the first index stays exact), "
+            if cfg.doc_tower == "fixed"
+            else f"refresh every {cfg.refresh_every} steps, "
+        )
+        + f"first {cfg.null_warmup_steps} on {warmup}, "
+        + ("query tower" if cfg.doc_tower == "fixed" else "towers")
+        + f" frozen for {cfg.towers_start_step} steps, reader loss {cfg.reader_loss}"
     )
 
 
