@@ -119,8 +119,8 @@ class PretrainConfig:
     doc_tower: Literal["trained", "fixed"] = "trained"
     retriever_frozen_steps: int = 0  # towers keep lr 0 this long, while a fresh head learns to read
     null_warmup_steps: int = 0  # the first N steps retrieve nothing: a cheap warm-up of a fresh masked-LM head
-    # what the warm-up reads besides the null document: nothing, one block (copy, context, holder: recipes/warmup.py)
-    reader_warmup: Literal["null", "copy", "context", "holder"] = "null"
+    # what the warm-up reads besides the null document: nothing, one block (recipes/warmup.py)
+    reader_warmup: Literal["null", "copy", "context", "copy+context", "holder"] = "null"
     # marginal: the paper's loss; marginal+candidates adds each candidate's own masked-LM loss, for the reader only
     # (models/realm.py: candidate_mlm_loss), so that it learns to ignore a block that does not hold the span
     reader_loss: Literal["marginal", "marginal+candidates"] = "marginal"

@@ -1,5 +1,5 @@
 """The warm-ups that read a block: the holder warm-up (the best-scored block of another document holding the masked
-span) and the copy warm-up (the sentence's own block, whole)."""
+span) and the copy warm-ups (the sentence's own block, whole, or for half the batch without the sentence)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_pretraining_with_the_holder_warmup(tmp_path, tokenizer):
 
 def test_the_copy_warmup_reads_the_own_block_with_the_masked_span_in_it(tmp_path, tokenizer, tiny_retriever):
     """--reader-warmup copy: each masked sentence's one block is its own, whole, so the reader input holds the
-    masked wordpieces in the same words (the context warm-up cuts them out)."""
+    masked wordpieces in the same words (the context warm-up cuts them out); copy+context alternates the two."""
     store = _store(tmp_path, tokenizer)
     cfg = dataclasses.replace(TINY_PRESET.pretrain, null_warmup_steps=2, reader_warmup="copy")
     sentences = SentenceSet(build_sentences(store, progress=False), 0.0)
@@ -100,14 +100,14 @@ def test_the_copy_warmup_reads_the_own_block_with_the_masked_span_in_it(tmp_path
     batches = {
         kind: make_pretrain_batch(model, None, sentences, rows, 0, cfg, max_tokens, store, block_doc_ids,
                                   torch.device("cpu"), torch.float32, warmup_reading(kind, store, None, None))
-        for kind in ("copy", "context")
+        for kind in ("copy", "context", "copy+context")
     }  # fmt: skip
     copy, context = batches["copy"], batches["context"]
     assert copy.candidate_ids.tolist() == context.candidate_ids.tolist()  # the same block: the sentence's own
     assert [block_doc_ids[z] for z in copy.candidate_ids[:, 1]] == [sentences.doc_ids[i] for i in rows]
 
     def block_part(batch, b: int) -> str:  # the wordpieces after [CLS] x_masked [SEP] of query b's one block
-        ids = batch.reader["input_ids"][2 * b + 1].tolist()
+        ids = [t for t in batch.reader["input_ids"][2 * b + 1].tolist() if t != tokenizer.pad_token_id]
         return " ".join(map(str, ids[ids.index(tokenizer.sep_token_id) + 1 :]))
 
     for b, i in enumerate(rows):
@@ -115,3 +115,5 @@ def test_the_copy_warmup_reads_the_own_block_with_the_masked_span_in_it(tmp_path
         span = " ".join(map(str, copy.targets[b][copy.mask_valid[b]].tolist()))
         assert sentence in block_part(copy, b) and sentence not in block_part(context, b)
         assert span in block_part(copy, b)
+        assert block_part(batches["copy+context"], b) == block_part(copy if b % 2 == 0 else context, b)
+    assert len(rows) > 2

@@ -111,9 +111,10 @@ def add_commands(commands) -> None:
     )
     pretrain.add_argument(
         "--reader-warmup",
-        choices=["null", "copy", "context", "holder"],
-        help="what the warm-up reads beside the null document: nothing, the sentence's own block whole (copy) or "
-        "without it (context), or the best-scored block of another document that holds the masked span (holder)",
+        choices=["null", "copy", "context", "copy+context", "holder"],
+        help="what the warm-up reads beside the null document: nothing, the sentence's own block whole (copy), "
+        "without it (context) or each for half the batch (copy+context), or the best-scored block of another "
+        "document that holds the masked span (holder)",
     )
     pretrain.add_argument(
         "--reader-loss",

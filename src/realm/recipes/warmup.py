@@ -6,6 +6,9 @@ learns to take a span from a block, which is what retrieval offers it afterwards
 - `copy`: the sentence's own block, whole: the masked span stands in it, in the same words (the trivial retrieval
   the towers are barred from, given to the reader alone, to learn to copy);
 - `context`: the sentence's own block with the sentence cut out (ICT's trick, for the reader);
+- `copy+context`: every other sentence of a batch reads its own block whole, the rest without the sentence, so the
+  reader learns to copy and when there is nothing to copy (with `--reader-loss marginal+candidates` a block's own
+  reading is taught to fall back on the reader's prediction without it, which the marginal alone does not teach);
 - `holder`: a block of another document that holds the masked span, the one the current retriever scores highest
   (none when no other document holds it). The span lookup is a label only the reader sees; the towers never do,
   so nothing learns to match strings, and the candidates of the retrieval steps that follow are the retriever's.
@@ -23,6 +26,8 @@ from realm.data.sentences import MaskedQuery, OwnBlocks
 from realm.index.mips import MipsIndex
 from realm.models.realm import NULL_BLOCK, pad_queries
 from realm.models.retriever import Retriever
+
+OWN_BLOCK_READINGS = ("copy", "context", "copy+context")  # the warm-ups that read the sentence's own block
 
 
 def best_holders(
@@ -43,15 +48,15 @@ def best_holders(
 
 
 class WarmupReading:
-    """The one block each masked sentence reads in the warm-up (`copy`, `context` or `holder`, see the module's
-    doc)."""
+    """The one block each masked sentence reads in the warm-up (`copy`, `context`, `copy+context` or `holder`, see
+    the module's doc)."""
 
     def __init__(self, kind: str, store: BlockStore, finder: SpanFinder | None, index: MipsIndex | None):
-        if kind not in ("copy", "context", "holder"):
-            raise ValueError(f"unknown warm-up reading {kind!r}: copy, context or holder")
+        if kind not in OWN_BLOCK_READINGS + ("holder",):
+            raise ValueError(f"unknown warm-up reading {kind!r}: {', '.join(OWN_BLOCK_READINGS)} or holder")
         if kind == "holder" and (finder is None or index is None):
             raise ValueError("the holder warm-up needs the span lookup and an index (a corpus of at most 1M blocks)")
-        self.own = OwnBlocks(store) if kind in ("copy", "context") else None
+        self.own = OwnBlocks(store) if kind in OWN_BLOCK_READINGS else None
         self.kind, self.finder, self.index = kind, finder, index
 
     def blocks(
@@ -63,12 +68,13 @@ class WarmupReading:
         dtype: torch.dtype,
         device: torch.device,
     ) -> tuple[np.ndarray, list[str] | None]:
-        """(B, 1) block ids and, for `context`, the bodies that replace theirs (the block without the sentence)."""
+        """(B, 1) block ids and, for the own block, the bodies that replace theirs (without the sentence or whole)."""
         if self.own is not None:
-            find = self.own.without if self.kind == "context" else self.own.holding
-            own = [find(doc_id, text) for doc_id, text in zip(source_doc_ids, sentence_texts)]
-            bodies = [body for _, body in own] if self.kind == "context" else None
-            return np.array([[block] for block, _ in own], dtype=np.int64), bodies
+            own = [
+                self.own.without(doc_id, text) if self._cut(b) else self.own.holding(doc_id, text)
+                for b, (doc_id, text) in enumerate(zip(source_doc_ids, sentence_texts))
+            ]
+            return np.array([[block] for block, _ in own], dtype=np.int64), [body for _, body in own]
         assert self.finder is not None and self.index is not None
         tokenizer = retriever.tokenizer
         query, *_ = pad_queries(queries, tokenizer.pad_token_id)
@@ -76,6 +82,10 @@ class WarmupReading:
             vectors = retriever.query_vectors(query)
         spans = [str(tokenizer.decode(q.targets)) for q in queries]
         return best_holders(self.finder, self.index, vectors, spans, source_doc_ids), None
+
+    def _cut(self, b: int) -> bool:
+        """Whether sentence b of a batch reads its own block without the sentence (else whole)."""
+        return self.kind == "context" or (self.kind == "copy+context" and b % 2 == 1)
 
 
 def warmup_reading(
