@@ -8,6 +8,9 @@ with the same seeded masks for every model. For each `--run` (a `realm train pre
       run's last index version) and with the null document alone, same masks, same forward pass; the paired
       gain of retrieval and its interval over sentences (`--every-span`: each salient span masked in turn), and
       the difference of its gain and the first run's, paired over the same sentences;
+    - with `--examples`: its worked examples, picked as the pipeline's report picks them (the 3 of the first 100
+      held-out sentences with a salient span where the top block raises p(span) the most), and whether the top
+      block holds the span;
     - with `--qa`: zero-shot recall@k of its retriever (over `--run NAME=RUN=INDEX`, an index built from the
       run's final towers) and the paired difference in hit@5 against the `--warm-start` retriever, the
       baseline measured in the same run.
@@ -33,13 +36,14 @@ from realm.data.qa_examples import load_qa
 from realm.data.recoverable import SpanFinder
 from realm.data.sentences import SentenceSet, build_sentences
 from realm.eval.intervals import bootstrap_interval, paired_difference
-from realm.eval.mlm import masked_span_accuracy
+from realm.eval.mlm import masked_span_accuracy, worked_examples
 from realm.eval.retrieval import first_answer_ranks
 from realm.index.mips import MipsIndex
 from realm.index.search import Searcher, open_searcher, search_all
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmModel
 from realm.models.retriever import Retriever
+from realm.pipeline.work import EXAMPLE_POOL, held_out_scoring
 
 KS = (1, 5, 20)
 
@@ -62,6 +66,24 @@ def held_out_fraction(run_dir: str) -> float:
     return json.loads((Path(run_dir) / RUN_CONFIG).read_text())["config"]["pretrain"]["held_out_fraction"]
 
 
+def print_examples(name: str, corpus: Path, run_dir: Path, preset) -> None:
+    """The run's worked examples as the pipeline's examples stage computes them (pipeline/work.py)."""
+    model, held_out, store, index, finder = held_out_scoring(corpus, run_dir, preset)
+    p = preset.pretrain
+    examples = worked_examples(
+        model, held_out, store, index, p.num_candidates, preset.retriever.query_max_tokens, p.max_masks,
+        pool=EXAMPLE_POOL, finder=finder,
+    )  # fmt: skip
+    print(f"\n{name}: worked examples (of the first {EXAMPLE_POOL} held-out sentences with a salient span)")
+    print("| masked sentence | span | top block | holds the span | p(span): null document -> top block -> marginal |")
+    print("|---|---|---|---|---|")
+    for e in examples:
+        print(
+            f"| {e.masked_sentence} | {e.answer} | {e.top_block_title} | {e.top_block_holds_span} | "
+            f"{e.p_without_retrieval:.3f} -> {e.p_with_top_block:.3f} -> {e.p_marginal:.3f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", required=True)
@@ -75,6 +97,7 @@ def main() -> None:
         action="store_true",
         help="mask each salient span of a sentence in turn (more masks, a tighter interval) instead of one seeded span",
     )
+    parser.add_argument("--examples", action="store_true", help="also print each run's worked examples")
     args = parser.parse_args()
     preset = get_preset(args.preset)
     store = BlockStore(args.corpus)
@@ -125,6 +148,9 @@ def main() -> None:
             )
         )
 
+    if args.examples:
+        for name, run_dir, *_ in runs:
+            print_examples(name, Path(args.corpus), Path(run_dir), preset)
     if not args.qa:
         return
     if not args.warm_start or any(len(run) != 3 for run in runs):
