@@ -49,20 +49,32 @@ def test_best_holders_picks_the_highest_scored_block_of_another_document(tmp_pat
     assert best_holders(finder, index, fair[None], ["1889"], ["fair"])[0, 0] == expected
 
 
-def test_the_holder_warmup_reads_a_block_of_another_document_holding_the_span(tmp_path, tokenizer, tiny_retriever):
-    store = _store(tmp_path, tokenizer)
-    build_tiny_index(store, tiny_retriever, tmp_path / "run" / "index")
-    index, finder = MipsIndex(tmp_path / "run" / "index"), SpanFinder(store, tokenizer)
-    cfg = dataclasses.replace(TINY_PRESET.pretrain, null_warmup_steps=2, reader_warmup="holder")
+def _warmup_batches(store, tokenizer, retriever, kinds, finder=None, index=None):
+    """For each warm-up reading of `kinds`, the batch of every sentence with a maskable salient span:
+    (sentences, their rows, each block's doc id, {kind: batch})."""
+    cfg = dataclasses.replace(TINY_PRESET.pretrain, null_warmup_steps=2)
     sentences = SentenceSet(build_sentences(store, progress=False), 0.0)
     max_tokens = TINY_PRESET.retriever.query_max_tokens
     rows = np.array([i for i, (text, spans) in enumerate(zip(sentences.texts, sentences.spans))
                      if mask_each_salient_span(text, spans, tokenizer, max_tokens, cfg.max_masks)])  # fmt: skip
-    model = RealmModel(tiny_retriever, Reader.load("random", TINY_PRESET.retriever.shape))
+    model = RealmModel(retriever, Reader.load("random", TINY_PRESET.retriever.shape))
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
-    warmup = warmup_reading("holder", store, finder, index)
-    batch = make_pretrain_batch(model, None, sentences, rows, 0, cfg, max_tokens, store, block_doc_ids,
-                                torch.device("cpu"), torch.float32, warmup)  # fmt: skip
+    batches = {
+        kind: make_pretrain_batch(model, None, sentences, rows, 0, cfg, max_tokens, store, block_doc_ids,
+                                  torch.device("cpu"), torch.float32, warmup_reading(kind, store, finder, index))
+        for kind in kinds
+    }  # fmt: skip
+    return sentences, rows, block_doc_ids, batches
+
+
+def test_the_holder_warmup_reads_a_block_of_another_document_holding_the_span(tmp_path, tokenizer, tiny_retriever):
+    store = _store(tmp_path, tokenizer)
+    build_tiny_index(store, tiny_retriever, tmp_path / "run" / "index")
+    index, finder = MipsIndex(tmp_path / "run" / "index"), SpanFinder(store, tokenizer)
+    sentences, rows, block_doc_ids, batches = _warmup_batches(
+        store, tokenizer, tiny_retriever, ["holder"], finder, index
+    )
+    batch = batches["holder"]
     assert batch.candidate_ids.shape == (len(rows), 2) and (batch.candidate_ids[:, 0] == NULL_BLOCK).all()
     texts, sources = batch.masked_texts(tokenizer), [sentences.doc_ids[i] for i in rows]
     recoverable, held = finder.label(texts, sources, batch.candidate_ids[:, 1:])
@@ -90,18 +102,8 @@ def test_the_copy_warmup_reads_the_own_block_with_the_masked_span_in_it(tmp_path
     """--reader-warmup copy: each masked sentence's one block is its own, whole, so the reader input holds the
     masked wordpieces in the same words (the context warm-up cuts them out); copy+context alternates the two."""
     store = _store(tmp_path, tokenizer)
-    cfg = dataclasses.replace(TINY_PRESET.pretrain, null_warmup_steps=2, reader_warmup="copy")
-    sentences = SentenceSet(build_sentences(store, progress=False), 0.0)
-    max_tokens = TINY_PRESET.retriever.query_max_tokens
-    rows = np.array([i for i, (text, spans) in enumerate(zip(sentences.texts, sentences.spans))
-                     if mask_each_salient_span(text, spans, tokenizer, max_tokens, cfg.max_masks)])  # fmt: skip
-    model = RealmModel(tiny_retriever, Reader.load("random", TINY_PRESET.retriever.shape))
-    block_doc_ids = np.array(store.column("doc_id"), dtype=object)
-    batches = {
-        kind: make_pretrain_batch(model, None, sentences, rows, 0, cfg, max_tokens, store, block_doc_ids,
-                                  torch.device("cpu"), torch.float32, warmup_reading(kind, store, None, None))
-        for kind in ("copy", "context", "copy+context")
-    }  # fmt: skip
+    kinds = ["copy", "context", "copy+context"]
+    sentences, rows, block_doc_ids, batches = _warmup_batches(store, tokenizer, tiny_retriever, kinds)
     copy, context = batches["copy"], batches["context"]
     assert copy.candidate_ids.tolist() == context.candidate_ids.tolist()  # the same block: the sentence's own
     assert [block_doc_ids[z] for z in copy.candidate_ids[:, 1]] == [sentences.doc_ids[i] for i in rows]
