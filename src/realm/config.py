@@ -257,7 +257,7 @@ PRESETS: dict[str, Preset] = {
         index=IndexConfig(),
         ict=ICTConfig(steps=200, batch_size=32, lr=5e-5, warmup_steps=20, checkpoint_every=50, log_every=5),
         pretrain=PretrainConfig(
-            # results.md: 1,000 null-document steps, then 300 retrieval steps (not 300 + 700); the query tower trains
+            # results.md: 1,000 warm-up steps, then 300 retrieval steps (not 300 + 700); the query tower trains
             steps=1300,
             batch_size=8,
             lr=1e-4,
@@ -266,6 +266,10 @@ PRESETS: dict[str, Preset] = {
             retriever_lr=1e-5,
             doc_tower="fixed",
             null_warmup_steps=1000,
+            # results.md, "A reader that copies": the warm-up reads the sentence's own block, whole or without the
+            # sentence, and each candidate is also scored alone, so that the reader learns to use a block
+            reader_warmup="copy+context",
+            reader_loss="marginal+candidates",
             num_candidates=4,
             max_masks=10,
             mask_center_momentum=0.01,  # against hubness (README: "Masked queries are embedded apart")
