@@ -508,9 +508,9 @@ def test_every_ablated_run_trains_as_long_as_the_run_it_is_compared_with(tiny_ru
 def test_the_report_names_the_reader_warmup_and_loss_of_pretraining():
     from realm.pipeline.report import pretraining_setting
 
-    preset = get_preset("cpu").pretrain
-    assert "first 1000 on the null document alone" in pretraining_setting(preset)
-    assert pretraining_setting(preset).endswith("reader loss marginal")
-    changed = dataclasses.replace(preset, reader_warmup="copy", reader_loss="marginal+candidates")
-    assert "first 1000 on the null document and a block (copy warm-up)" in pretraining_setting(changed)
-    assert pretraining_setting(changed).endswith("reader loss marginal+candidates")
+    cpu = get_preset("cpu").pretrain
+    assert "first 1000 on the null document and a block (copy+context warm-up)" in pretraining_setting(cpu)
+    assert pretraining_setting(cpu).endswith("reader loss marginal+candidates")
+    papers = dataclasses.replace(cpu, reader_warmup="null", reader_loss="marginal")
+    assert "first 1000 on the null document alone" in pretraining_setting(papers)
+    assert pretraining_setting(papers).endswith("reader loss marginal")
