@@ -121,6 +121,7 @@ class PretrainConfig:
     null_warmup_steps: int = 0  # the first N steps retrieve nothing: a cheap warm-up of a fresh masked-LM head
     # what the warm-up reads besides the null document: nothing, one block (recipes/warmup.py)
     reader_warmup: Literal["null", "copy", "context", "copy+context", "holder"] = "null"
+    reader_warmup_window: int = 0  # copy/context: words of the own block kept each side of the sentence (0: all)
     # marginal: the paper's loss; marginal+candidates adds each candidate's own masked-LM loss, for the reader only
     # (models/realm.py: candidate_mlm_loss), so that it learns to ignore a block that does not hold the span
     reader_loss: Literal["marginal", "marginal+candidates"] = "marginal"
@@ -257,8 +258,9 @@ PRESETS: dict[str, Preset] = {
         index=IndexConfig(),
         ict=ICTConfig(steps=200, batch_size=32, lr=5e-5, warmup_steps=20, checkpoint_every=50, log_every=5),
         pretrain=PretrainConfig(
-            # results.md: 1,000 warm-up steps, then 300 retrieval steps (not 300 + 700); the query tower trains
-            steps=1300,
+            # results.md, twelfth part: 1,000 warm-up steps (the reader starts to copy after 600-800), then 100
+            # retrieval steps, in which the query tower trains
+            steps=1100,
             batch_size=8,
             lr=1e-4,
             head_lr_multiplier=10.0,
@@ -269,6 +271,7 @@ PRESETS: dict[str, Preset] = {
             # results.md, "A reader that copies": the warm-up reads the sentence's own block, whole or without the
             # sentence, and each candidate is also scored alone, so that the reader learns to use a block
             reader_warmup="copy+context",
+            reader_warmup_window=24,  # 24 words each side of the sentence: cheaper steps, as good a reader (twelfth part)
             reader_loss="marginal+candidates",
             num_candidates=4,
             max_masks=10,
@@ -294,7 +297,7 @@ PRESETS: dict[str, Preset] = {
             log_every=5,
         ),
         fp32_costs=FP32_CPU_COSTS,
-        pipeline_budget_minutes=45,
+        pipeline_budget_minutes=60,  # buys the 1,000 warm-up steps on a 2-core fp32 machine (results.md, twelfth part)
         pipeline_ict=False,  # results.md, "The README main command without ICT": its minutes buy REALM steps
     ),
     "paper": Preset(

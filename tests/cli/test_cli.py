@@ -235,6 +235,11 @@ def test_a_trainers_batch_size_flag_changes_only_that_trainer():
         )
     )
     assert index.embed.batch_size == 9 and index.ict == cpu.ict
+    pretrain = resolve_preset(
+        build_parser().parse_args(["train", "pretrain", "--corpus", "c", "--out", "o", "--reader-warmup-window", "0"]),
+        "pretrain",
+    )
+    assert pretrain.pretrain.reader_warmup_window == 0 and cpu.pretrain.reader_warmup_window == 24
 
 
 def test_help_does_not_import_torch():

@@ -216,3 +216,24 @@ def test_the_paper_null_document_is_scored_by_the_towers(tiny_corpus, tokenizer)
     logits[1, 3] = float("-inf")  # the second sentence has two retrieved blocks
     assert torch.allclose(stats["log_pz"], torch.log_softmax(logits, dim=1), atol=1e-5)
     assert not torch.isclose(stats["log_pz"][0, 0], stats["log_pz"][1, 0])  # p(null | x) depends on x
+
+
+def test_one_block_a_row_under_b_null_skips_the_document_tower(tiny_corpus, tokenizer):
+    """With b_null (the cpu preset) and one block a row, the warm-up's, p(z | x) = 1 - sigmoid(b_null) whatever
+    f(x, z): the loss and p(z | x) are those of scores computed in full, and the document tower does not run."""
+    retriever = _scaled(TINY_RETRIEVER)
+    model = RealmModel(retriever, Reader.load("random", TINY_SHAPE)).eval()
+    rng = np.random.default_rng(0)
+    queries = [mask_sentence(text, [], "random-span", tokenizer, 32, 3, rng) for text in TEXTS[:2]]
+    batch = make_batch(queries, np.array([[0], [3]]), tiny_corpus, tokenizer, tiny_corpus.config)
+    calls = []
+    retriever.doc_tower.register_forward_hook(lambda *_: calls.append(1))
+    loss, stats = model(batch)
+    assert not calls
+    with torch.no_grad():
+        f = torch.einsum("bd,bd->b", retriever.query_tower(**batch.query), retriever.doc_tower(**batch.docs))
+    assert f.abs().min() > 0  # the scores it skipped were not zero
+    full = realm_module.retrieval_log_probs(f[:, None], batch.candidate_mask, model.null_score)
+    assert torch.allclose(stats["log_pz"], full, atol=1e-6)
+    expected, _ = realm_module.marginal_mlm_loss(full, stats["token_log_probs"], batch.mask_valid)
+    assert torch.allclose(loss, expected, atol=1e-6)

@@ -509,8 +509,17 @@ def test_the_report_names_the_reader_warmup_and_loss_of_pretraining():
     from realm.pipeline.report import pretraining_setting
 
     cpu = get_preset("cpu").pretrain
-    assert "first 1000 on the null document and a block (copy+context warm-up)" in pretraining_setting(cpu)
+    assert (
+        "first 1000 on the null document and a block (copy+context warm-up, 24 words each side of the sentence), "
+        in pretraining_setting(cpu)
+    )
     assert pretraining_setting(cpu).endswith("reader loss marginal+candidates")
+    # a budget that cuts the warm-up short of what the held-out gain needed says so
+    short = pretraining_setting(dataclasses.replace(cpu, null_warmup_steps=234, steps=304))
+    assert (
+        "first 234 on the null document and a block (copy+context warm-up, 24 words each side of the sentence) "
+        "(fewer than the 1000 the held-out gain needed" in short
+    )
     papers = dataclasses.replace(cpu, reader_warmup="null", reader_loss="marginal")
     assert "first 1000 on the null document alone" in pretraining_setting(papers)
     assert pretraining_setting(papers).endswith("reader loss marginal")

@@ -731,6 +731,16 @@ def test_the_context_warmup_reads_the_own_block_without_the_sentence(tmp_path, t
         assert tiny_corpus.take([block])[0].doc_id == doc_id and text in tiny_corpus.take([block])[0].body
         assert text not in body and len(body) < len(tiny_corpus.take([block])[0].body)
     assert own.without("paris", "Not a sentence of Paris.") == (-1, "")
+    # a window keeps that many words each side of the sentence: the copy reading still holds it, the context not
+    narrow = OwnBlocks(tiny_corpus, window=2)
+    for doc_id, text in zip(sentences.doc_ids, sentences.texts):
+        block, body = own.holding(doc_id, text)
+        head, _, tail = body.partition(text)
+        assert narrow.holding(doc_id, text) == (block, " ".join([*head.split()[-2:], text, *tail.split()[:2]]))
+        assert narrow.without(doc_id, text) == (block, " ".join([*head.split()[-2:], *tail.split()[:2]]))
+    assert any(
+        len(narrow.holding(d, t)[1]) < len(own.holding(d, t)[1]) for d, t in zip(sentences.doc_ids, sentences.texts)
+    )
     cfg = dataclasses.replace(TINY_PRESET.pretrain, null_warmup_steps=2, reader_warmup="context")
     train_pretrain(tiny_corpus.folder, tmp_path / "run", "random", "random", dataclasses.replace(TINY_PRESET, pretrain=cfg),
                    progress=False)  # fmt: skip

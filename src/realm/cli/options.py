@@ -41,6 +41,7 @@ FLAG_FIELDS: dict[str, dict[str, str]] = {
             "retriever_frozen_steps",
             "null_warmup_steps",
             "reader_warmup",
+            "reader_warmup_window",
             "reader_loss",
             "num_candidates",
             "masking",

@@ -117,6 +117,11 @@ def add_commands(commands) -> None:
         "document that holds the masked span (holder)",
     )
     pretrain.add_argument(
+        "--reader-warmup-window",
+        type=non_negative_int,
+        help="copy/context warm-ups: words of the own block kept each side of the sentence (0: the whole block)",
+    )
+    pretrain.add_argument(
         "--reader-loss",
         choices=["marginal", "marginal+candidates"],
         help="marginal: the paper's; marginal+candidates adds each candidate's own masked-LM loss (the reader only)",

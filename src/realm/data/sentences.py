@@ -225,25 +225,38 @@ class SentenceSet:
 
 class OwnBlocks:
     """Each sentence's own block, whole (the copy warm-up reads it) or with the sentence cut out (the context
-    warm-up: ICT removes the sentence from its context for the retriever; the reader must find the span elsewhere)."""
+    warm-up: ICT removes the sentence from its context for the retriever; the reader must find the span elsewhere).
+    `window` > 0 keeps only that many words of the block on each side of the sentence (shorter, cheaper readings)."""
 
-    def __init__(self, store: BlockStore):
-        self.store = store
+    def __init__(self, store: BlockStore, window: int = 0):
+        self.store, self.window = store, window
         self.blocks_of: dict[str, list[int]] = {}
         for block, doc_id in enumerate(store.column("doc_id")):
             self.blocks_of.setdefault(doc_id, []).append(block)
 
     def holding(self, doc_id: str, sentence: str) -> tuple[int, str]:
         """(the block of `doc_id` that holds `sentence`, its body); (-1, "") if none holds it."""
-        for block, found in zip(self.blocks_of.get(doc_id, []), self.store.take(self.blocks_of.get(doc_id, []))):
-            if sentence in found.body:
-                return block, found.body
-        return -1, ""
+        block, before, after = self._split(doc_id, sentence)
+        if block < 0:
+            return -1, ""
+        return block, self.store.take([block])[0].body if self.window == 0 else " ".join([*before, sentence, *after])
 
     def without(self, doc_id: str, sentence: str) -> tuple[int, str]:
         """(the block of `doc_id` that holds `sentence`, its body without it); (-1, "") if none holds it."""
-        block, body = self.holding(doc_id, sentence)
-        return block, " ".join(body.replace(sentence, " ", 1).split())
+        block, before, after = self._split(doc_id, sentence)
+        return (block, " ".join([*before, *after])) if block >= 0 else (-1, "")
+
+    def _split(self, doc_id: str, sentence: str) -> tuple[int, list[str], list[str]]:
+        """(the block holding `sentence`, the words before it, the words after it), each side cut to the window."""
+        blocks = self.blocks_of.get(doc_id, [])
+        for block, found in zip(blocks, self.store.take(blocks)):
+            if sentence in found.body:
+                head, _, tail = found.body.partition(sentence)
+                before, after = head.split(), tail.split()
+                if self.window > 0:
+                    before, after = before[-self.window :], after[: self.window]
+                return block, before, after
+        return -1, [], []
 
 
 def _encode(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> tuple[list[int], list[tuple[int, int]]]:

@@ -211,12 +211,16 @@ class RealmModel(nn.Module):
 
     def forward(self, batch: RealmBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         batch_size, k = batch.candidate_mask.shape
-        q = self.retriever.query_tower(**batch.query)  # (B, D), fp32
-        if k > 1:
+        # b_null and one block a row (the warm-up's): p(z | x) = 1 - sigmoid(b_null) whatever f(x, z), so neither
+        # tower gets a gradient, the document tower need not run, and the queries only feed the mask centre
+        unscored = self.null_document == "learned_weight" and k == 2
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not unscored):
+            q = self.retriever.query_tower(**batch.query)  # (B, D), fp32
+        if k > 1 and not unscored:
             d = self.retriever.doc_tower(**batch.docs)  # (B*(K-1), D)
             retrieval_logits = inner_products("bd,bkd->bk", q, d.view(batch_size, k - 1, -1))  # f(x, z), (B, K-1)
-        else:  # the null document alone: nothing to score
-            retrieval_logits = q.new_zeros(batch_size, 0)
+        else:  # nothing to score: the null document alone, or one block whose score cannot matter
+            retrieval_logits = q.new_zeros(batch_size, k - 1)
         if self.null_document == "learned_weight":
             log_pz = retrieval_log_probs(retrieval_logits, batch.candidate_mask, self.null_score)  # (B, K)
         elif k > 1:

@@ -200,7 +200,7 @@ def train_pretrain(
     index = first_index(model, store, run, builder.config, step, progress, reuse_indexes, d) if retrieval else None
     if d.main and not policy.frozen:
         builder.start()
-    warmup = warmup_reading(cfg.reader_warmup, store, finder, index) if retrieval else None
+    warmup = warmup_reading(cfg.reader_warmup, store, finder, index, cfg.reader_warmup_window) if retrieval else None
     # a batch of the null document alone (the baseline, the warm-up) leaves the towers out of the graph
     null_batches = not retrieval or cfg.null_warmup_steps > 0
     trained = DistributedDataParallel(model, find_unused_parameters=null_batches) if d.world_size > 1 else model

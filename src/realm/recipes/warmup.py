@@ -51,12 +51,14 @@ class WarmupReading:
     """The one block each masked sentence reads in the warm-up (`copy`, `context`, `copy+context` or `holder`, see
     the module's doc)."""
 
-    def __init__(self, kind: str, store: BlockStore, finder: SpanFinder | None, index: MipsIndex | None):
+    def __init__(
+        self, kind: str, store: BlockStore, finder: SpanFinder | None, index: MipsIndex | None, window: int = 0
+    ):
         if kind not in OWN_BLOCK_READINGS + ("holder",):
             raise ValueError(f"unknown warm-up reading {kind!r}: {', '.join(OWN_BLOCK_READINGS)} or holder")
         if kind == "holder" and (finder is None or index is None):
             raise ValueError("the holder warm-up needs the span lookup and an index (a corpus of at most 1M blocks)")
-        self.own = OwnBlocks(store) if kind in OWN_BLOCK_READINGS else None
+        self.own = OwnBlocks(store, window) if kind in OWN_BLOCK_READINGS else None
         self.kind, self.finder, self.index = kind, finder, index
 
     def blocks(
@@ -89,7 +91,8 @@ class WarmupReading:
 
 
 def warmup_reading(
-    kind: str, store: BlockStore, finder: SpanFinder | None, index: MipsIndex | None
+    kind: str, store: BlockStore, finder: SpanFinder | None, index: MipsIndex | None, window: int = 0
 ) -> WarmupReading | None:
-    """What the warm-up reads beside the null document: None for `null` (nothing), else a `WarmupReading`."""
-    return None if kind == "null" else WarmupReading(kind, store, finder, index)
+    """What the warm-up reads beside the null document: None for `null` (nothing), else a `WarmupReading` (the own
+    block cut to `window` words each side of the sentence, 0: whole)."""
+    return None if kind == "null" else WarmupReading(kind, store, finder, index, window)
