@@ -297,7 +297,7 @@ PRESETS: dict[str, Preset] = {
             log_every=5,
         ),
         fp32_costs=FP32_CPU_COSTS,
-        pipeline_budget_minutes=60,  # buys the 1,000 warm-up steps on a 2-core fp32 machine (results.md, twelfth part)
+        pipeline_budget_minutes=70,  # buys 1,000 warm-up steps on a slow 2-core fp32 machine (results.md, twelfth part)
         pipeline_ict=False,  # results.md, "The README main command without ICT": its minutes buy REALM steps
     ),
     "paper": Preset(
