@@ -117,9 +117,7 @@ def add_commands(commands) -> None:
         "document that holds the masked span (holder)",
     )
     pretrain.add_argument(
-        "--reader-warmup-window",
-        type=non_negative_int,
-        help="copy/context warm-ups: words of the own block kept each side of the sentence (0: the whole block)",
+        "--reader-warmup-window", type=non_negative_int, help="own-block words kept each side of the sentence (0: all)"
     )
     pretrain.add_argument(
         "--reader-loss",
