@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pretrain_branch import changed_settings
 from worktree import ROOT, base_worktree
 
 TRAIN = """
@@ -66,7 +67,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--set", nargs="*", default=[], help="a second run of this tree with these settings")
     args = parser.parse_args()
-    varied = {k: json.loads(v) for k, _, v in (pair.partition("=") for pair in args.set)}
+    varied = changed_settings(args.set)
     with tempfile.TemporaryDirectory() as tmp, base_worktree(args.base) as base:
         runs = {f"base {args.base}": (base / "src", {}), "this tree": (ROOT / "src", {})}
         if varied:

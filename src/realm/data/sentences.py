@@ -236,27 +236,32 @@ class OwnBlocks:
 
     def holding(self, doc_id: str, sentence: str) -> tuple[int, str]:
         """(the block of `doc_id` that holds `sentence`, its body); (-1, "") if none holds it."""
-        block, before, after = self._split(doc_id, sentence)
-        if block < 0:
-            return -1, ""
-        return block, self.store.take([block])[0].body if self.window == 0 else " ".join([*before, sentence, *after])
+        block, body = self._find(doc_id, sentence)
+        if block < 0 or self.window == 0:
+            return block, body
+        before, after = self._around(body, sentence)
+        return block, " ".join([*before, sentence, *after])
 
     def without(self, doc_id: str, sentence: str) -> tuple[int, str]:
         """(the block of `doc_id` that holds `sentence`, its body without it); (-1, "") if none holds it."""
-        block, before, after = self._split(doc_id, sentence)
-        return (block, " ".join([*before, *after])) if block >= 0 else (-1, "")
+        block, body = self._find(doc_id, sentence)
+        if block < 0:
+            return -1, ""
+        before, after = self._around(body, sentence)
+        return block, " ".join([*before, *after])
 
-    def _split(self, doc_id: str, sentence: str) -> tuple[int, list[str], list[str]]:
-        """(the block holding `sentence`, the words before it, the words after it), each side cut to the window."""
+    def _find(self, doc_id: str, sentence: str) -> tuple[int, str]:
         blocks = self.blocks_of.get(doc_id, [])
         for block, found in zip(blocks, self.store.take(blocks)):
             if sentence in found.body:
-                head, _, tail = found.body.partition(sentence)
-                before, after = head.split(), tail.split()
-                if self.window > 0:
-                    before, after = before[-self.window :], after[: self.window]
-                return block, before, after
-        return -1, [], []
+                return block, found.body
+        return -1, ""
+
+    def _around(self, body: str, sentence: str) -> tuple[list[str], list[str]]:
+        """The words of `body` before and after `sentence`, each side cut to the window."""
+        head, _, tail = body.partition(sentence)
+        before, after = head.split(), tail.split()
+        return (before[-self.window :], after[: self.window]) if self.window > 0 else (before, after)
 
 
 def _encode(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> tuple[list[int], list[tuple[int, int]]]:
