@@ -27,9 +27,9 @@ from realm.recipes.pretrain import train_pretrain
 from realm.training import CHECKPOINTS, latest_checkpoint
 
 
-def changed_settings(pairs: list[str]) -> dict[str, object]:
-    """`key=value` -> {key: value}, each a field of PretrainConfig; values read as JSON where they parse."""
-    fields = {f.name for f in dataclasses.fields(PretrainConfig)}
+def changed_settings(pairs: list[str], config: type = PretrainConfig) -> dict[str, object]:
+    """`key=value` -> {key: value}, each a field of `config`; values read as JSON where they parse."""
+    fields = {f.name for f in dataclasses.fields(config)}
     changes: dict[str, object] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")

@@ -69,8 +69,8 @@ def add_commands(commands) -> None:
     pipeline.add_argument(
         "--budget-minutes",
         type=float,
-        help="scale training steps so the run fits, from costs measured here first (default: the preset's, cpu 45; "
-        "0: no scaling)",
+        help="scale training steps so the run fits, from costs measured here first (default: the preset's, cpu "
+        f"{get_preset('cpu').pipeline_budget_minutes:g}; 0: no scaling)",
     )
     pipeline.add_argument(
         "--dtype", choices=["auto", "bf16", "fp32"], help="compute dtype of every stage (auto: bf16 where supported)"
