@@ -1,10 +1,10 @@
 """QA fine-tuning with the cpu preset's settings, some changed: what a setting does to the fine-tuned query tower.
 
-Fine-tunes `--model` (default MiniLM) on `--train-limit` training questions (a seeded sample, all articles) over a frozen index, then
-scores the dense retriever on every dev question: recall@1/5/20 of the warm start's query tower, of each
-`--compare` output (earlier variants) and of this one, each recall@5 paired against the warm start's, and against
-the first `--compare` output, with 95% intervals over questions (the document tower and the index never change in
-QA fine-tuning, so the rows differ only in the query tower).
+Fine-tunes `--model` (default MiniLM) on `--train-limit` training questions (a seeded sample across all articles)
+over a frozen index, then scores the dense retriever on every dev question: recall@1/5/20 of the warm start's query
+tower, of each `--compare` output (earlier variants) and of this one, each recall@5 paired against the warm start's,
+and against the first `--compare` output, with 95% intervals over questions (the document tower and the index never
+change in QA fine-tuning, so the rows differ only in the query tower).
 
     python benchmarks/qa_variant.py --index runs/qa/baseline_index/index \
         --train ../shared/data/qa/squad_open_train.jsonl --dev ../shared/data/qa/squad_open_dev.jsonl \
@@ -60,18 +60,19 @@ def main() -> None:
         train_qa(args.model, args.index, train, dev, args.out, preset, resume=True, progress=False)
     print(f"{args.out}: {', '.join(args.set) or 'no change'}, {len(train)} training questions from {args.model}")
 
-    warm = f"{args.model}/retriever" if Path(args.model).is_dir() else args.model
-    base = hits_at(warm, str(args.index), dev, preset)
-    rows = [(str(folder), hits_at(str(folder / BEST / "retriever"), str(args.index), dev, preset))
-            for folder in [*args.compare, args.out]]  # fmt: skip
+    base = hits_at(args.model, str(args.index), dev, preset)  # Retriever.load finds a run's retriever/ itself
+    rows = [
+        (str(folder), json.loads((folder / BEST / "dev.json").read_text())["exact_match"],
+         hits_at(str(folder / BEST), str(args.index), dev, preset))
+        for folder in [*args.compare, args.out]
+    ]  # fmt: skip
     print(f"\n{len(dev)} questions of {args.dev}, the dense retriever alone")
     print("| query tower | exact match (hybrid, dev subset) | recall@1 | recall@5 [95%] | recall@20 "
           "| recall@5 minus the warm start [95%] | minus the first compared [95%] |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, hits in [("warm start", base), *rows]:
+    for name, em, hits in [("warm start", "", base), *rows]:
         low, high = bootstrap_interval(100 * hits[:, 1])
-        em = "" if name == "warm start" else json.loads((Path(name) / BEST / "dev.json").read_text())["exact_match"]
-        against_first = paired(hits, rows[0][1]) if len(rows) > 1 and name != "warm start" else ""
+        against_first = paired(hits, rows[0][2]) if len(rows) > 1 and name != "warm start" else ""
         print(
             f"| {name} | {em} | {100 * hits[:, 0].mean():.2f} | {100 * hits[:, 1].mean():.2f} [{low:.1f}, {high:.1f}] "
             f"| {100 * hits[:, 2].mean():.2f} | {paired(hits, base)} | {against_first} |"
