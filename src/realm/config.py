@@ -200,6 +200,8 @@ class StageCosts:
     null_pretrain_step: float = 0.5  # the null document alone (--null-warmup-steps): 0.47 s measured
     qa_step: float = 2.4
     qa_question: float = 0.09  # evaluating one question with one retriever and the reader
+    # one question with dense, BM25 and hybrid retrieval, which share the blocks read: here 3x one, an upper bound
+    qa_systems_question: float = 0.27
 
 
 # The same 2-core EPYC class with AVX2 only (every stage in fp32), measured there (docs/benchmarks.md, "Stage costs
@@ -214,6 +216,7 @@ FP32_CPU_COSTS = StageCosts(
     null_pretrain_step=0.55,
     qa_step=4.0,
     qa_question=0.17,
+    qa_systems_question=0.51,
 )
 
 

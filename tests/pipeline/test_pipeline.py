@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from realm.pipeline.calibrate import (
     SPAN_IN_RETRIEVAL_STEPS,
 )
 from realm.pipeline.plan import (
+    READER_WARMUP_STEPS,
     PipelineOptions,
     Workload,
     costed_for,
@@ -46,6 +48,12 @@ def test_budget_scales_every_training_stage_to_fit():
     assert 0 < plan.preset.pretrain.refresh_every < cpu.pretrain.refresh_every
     longer = plan_pipeline(cpu, work, 600)
     assert longer.preset.pretrain.steps > cpu.pretrain.steps  # a bigger budget buys more steps
+    # a warm-up cut short of what the reader needs to read: the plan says which budget keeps it
+    assert plan.preset.pretrain.null_warmup_steps < READER_WARMUP_STEPS and plan.reading_minutes is not None
+    kept = plan_pipeline(cpu, work, plan.reading_minutes)
+    assert kept.preset.pretrain.null_warmup_steps == READER_WARMUP_STEPS and kept.reading_minutes is None
+    assert f"a budget of about {math.ceil(plan.reading_minutes)} min" in plan.describe()
+    assert longer.reading_minutes is None and "warm-up" not in longer.describe()
     with_ablations = plan_pipeline(cpu, dataclasses.replace(work, ablations=True), 60)
     assert with_ablations.preset.pretrain.steps < plan.preset.pretrain.steps  # the same budget, more runs
     with pytest.raises(ValueError, match="too small"):
@@ -109,8 +117,17 @@ def test_a_machine_without_bf16_matmul_plans_with_fp32_costs(tmp_path, monkeypat
     assert slow.embed_blocks_per_second < fast.embed_blocks_per_second
     assert all(
         getattr(slow, f) >= getattr(fast, f)
-        for f in ("ict_step", "pretrain_step", "frozen_pretrain_step", "null_pretrain_step", "qa_step", "qa_question")
+        for f in (
+            "ict_step",
+            "pretrain_step",
+            "frozen_pretrain_step",
+            "null_pretrain_step",
+            "qa_step",
+            "qa_question",
+            "qa_systems_question",
+        )
     )
+    assert all(c.qa_question < c.qa_systems_question <= 3 * c.qa_question for c in (slow, fast))
     work = Workload(blocks=12_000, qa_train=9_000, qa_dev=1_500)
     plans = {}
     for dtype in (torch.bfloat16, torch.float32):
@@ -411,6 +428,8 @@ def test_a_budget_is_planned_from_costs_measured_here_and_a_rerun_keeps_its_plan
     stages = {s.name: s for s in plan.stages}
     assert stages["ict"].step_seconds == measured["ict_step"]
     assert stages["qa"].step_seconds == measured["qa_step"]
+    assert measured["qa_systems_question"] > measured["qa_question"]  # the three systems, the first one's included
+    assert stages["eval"].fixed_seconds == pytest.approx(work.qa_dev * measured["qa_systems_question"])
     # the query tower alone is what the fixed document tower's retrieval steps run
     null = plan.preset.pretrain.null_warmup_steps
     expected = (
@@ -518,7 +537,7 @@ def test_the_report_names_the_reader_warmup_and_loss_of_pretraining():
     short = pretraining_setting(dataclasses.replace(cpu, null_warmup_steps=234, steps=304))
     assert (
         "first 234 on the null document and a block (copy+context warm-up, 24 words each side of the sentence) "
-        "(fewer than the 1000 the held-out gain needed" in short
+        "(fewer than the 1,000 the held-out gain needed" in short
     )
     papers = dataclasses.replace(cpu, reader_warmup="null", reader_loss="marginal")
     assert "first 1000 on the null document alone" in pretraining_setting(papers)

@@ -13,11 +13,12 @@ from conftest import SHARED_DATA, TINY_CORPUS, TINY_QA, TINY_QA_PRESET, save_tin
 
 from realm.cli.main import main
 from realm.data.qa_examples import QAExample, is_exact_match, load_qa, normalize_answer
-from realm.eval.answerer import Answerer, load_answerer
+from realm.eval.answerer import Answerer, load_answerer, load_answerers
 from realm.index.search import BM25Searcher, DenseSearcher, HybridSearcher
 from realm.models.orqa import DEFAULT_BM25_WEIGHT, joint_log_probs, marginal_answer_log_likelihood, qa_loss
 from realm.models.retriever import Retriever
 from realm.models.span_reader import block_spans, matching_spans
+from realm.pipeline.work import SYSTEMS
 from realm.recipes import finetune_qa
 from realm.recipes.finetune_qa import train_qa
 
@@ -170,6 +171,29 @@ def test_eval_qa_reads_the_blocks_ask_reads(tmp_path, squad_slice, tokenizer):
             [e.block_id for e in a.evidence] for a in asked
         ]
         assert [row["prediction"] for row in evaluated] == [a.answer for a in asked]
+
+
+def test_systems_sharing_reads_answer_as_each_alone(tmp_path, squad_slice, tokenizer, monkeypatch):
+    """The evaluation's dense, BM25 and hybrid answerers share what the reader read: each (question, block) is
+    read once, and every answer, its score and evidence is what that system gives alone."""
+    model_dir, index_dir = save_tiny_qa(squad_slice, tokenizer, tmp_path)
+    questions = [q.question for q in load_qa(SHARED_DATA / "qa" / "squad_open_dev.jsonl")[:40]]
+    shared = load_answerers(str(model_dir), index_dir, PRESET, SYSTEMS)
+    model = shared["dense"].model
+    rows_read: list[int] = []
+    read = model.span_scores
+    monkeypatch.setattr(model, "span_scores", lambda batch: rows_read.append(len(batch.span_valid)) or read(batch))
+    answered = {kind: shared[kind].ask(questions) for kind in SYSTEMS}
+    pairs = {(a.question, e.block_id) for answers in answered.values() for a in answers for e in a.evidence}
+    assert sum(rows_read) == len(pairs) == len(shared["bm25"].read_rows or {})
+    assert len(pairs) < len(SYSTEMS) * len(questions) * PRESET.qa.top_k  # the systems overlap: fewer rows read
+    for kind in SYSTEMS:
+        alone = load_answerer(str(model_dir), index_dir, PRESET, kind).ask(questions)
+        for a, b in zip(answered[kind], alone, strict=True):
+            assert a.answer == b.answer and a.score == pytest.approx(b.score, rel=1e-4, abs=1e-6)
+            assert [(e.block_id, e.answer_span) for e in a.evidence] == [
+                (e.block_id, e.answer_span) for e in b.evidence
+            ]
 
 
 def test_answers_come_with_consistent_evidence(tiny_qa, tiny_corpus):

@@ -88,6 +88,20 @@ def compose_answer(
     return Answer(question, shown.get(best, ""), totals.get(best, 0.0), evidence)
 
 
+ReadRows = dict[tuple[str, int], tuple[torch.Tensor, BlockSpans]]  # (question, block id) -> S(s) of valid spans, spans
+
+
+def padded_scores(rows: Sequence[tuple[torch.Tensor, BlockSpans]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One question's rows -> span scores and validity (K, S), S the most spans of a row."""
+    width = max(1, max(len(scores) for scores, _ in rows))
+    scores = torch.zeros(len(rows), width)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool)
+    for z, (row, _) in enumerate(rows):
+        scores[z, : len(row)] = row
+        valid[z, : len(row)] = True
+    return scores, valid
+
+
 class Answerer:
     """Questions in, answers with evidence out: a searcher (dense REALM retrieval, or BM25 with a uniform
     p(z | x) since its scores are not retrieval logits) and the span reader, batched."""
@@ -101,6 +115,7 @@ class Answerer:
         batch_size: int = 8,
         dtype: torch.dtype = torch.float32,
         selection: str = "marginal",
+        read_rows: ReadRows | None = None,
     ):
         if selection not in ("marginal", "best_span"):
             raise ValueError(f"unknown answer selection {selection!r}: marginal or best_span")
@@ -111,6 +126,7 @@ class Answerer:
         self.max_block_tokens = max_block_tokens
         self.batch_size = batch_size
         self.dtype = dtype
+        self.read_rows = read_rows  # None: every row is read; else the rows read so far, kept (and shared)
 
     @property
     def warning(self) -> str | None:
@@ -129,32 +145,45 @@ class Answerer:
             answers += self.read(part, self.searcher.batch_search(part, self.k))
         return answers
 
-    def _span_scores(
+    def _rows(
         self, questions: Sequence[str], hits: Sequence[Sequence[SearchHit]]
-    ) -> tuple[torch.Tensor, torch.Tensor, list[list[BlockSpans]]]:
-        """S(s) and span validity for every (question, block) row, in order: (sum of K, S) each; each block's spans."""
-        bodies = [[h.text for h in row] for row in hits]
-        batch, blocks = self.model.reader_inputs(questions, bodies, self.max_block_tokens)
-        device = next(self.model.parameters()).device
-        batch = batch.to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16):
-            scores = self.model.span_scores(batch)  # (N, S)
-        return scores.float().cpu(), batch.span_valid.cpu(), blocks
+    ) -> list[list[tuple[torch.Tensor, BlockSpans]]]:
+        """S(s) of each (question, block)'s valid spans, and the block's spans, per question, hits' order. A row in
+        `read_rows` is not read again; S(s) depends on the question and the block alone."""
+        wanted = [(q, h.block_id) for q, row in zip(questions, hits) for h in row]
+        known = self.read_rows if self.read_rows is not None else {}
+        bodies = {(q, h.block_id): h.text for q, row in zip(questions, hits) for h in row}
+        missing = list(dict.fromkeys(key for key in wanted if key not in known))
+        read: ReadRows = {}
+        if missing:
+            batch, blocks = self.model.reader_inputs(
+                [q for q, _ in missing], [[bodies[key]] for key in missing], self.max_block_tokens
+            )
+            device = next(self.model.parameters()).device
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+                scores = self.model.span_scores(batch.to(device)).float().cpu()  # (N, S)
+            for n, (key, (spans,)) in enumerate(zip(missing, blocks)):
+                read[key] = (scores[n, : len(spans.spans)].clone(), spans)
+            if self.read_rows is not None:
+                self.read_rows.update(read)
+        rows = [known[key] if key in known else read[key] for key in wanted]
+        grouped, first = [], 0
+        for row in hits:
+            grouped.append(rows[first : first + len(row)])
+            first += len(row)
+        return grouped
 
     @torch.inference_mode()
     def read(self, questions: Sequence[str], hits: Sequence[Sequence[SearchHit]]) -> list[Answer]:
         """Answers for questions whose blocks are already retrieved (hits: best first, SearchHit.score = f(x, z))."""
         answers: list[Answer | None] = [Answer(q, "", 0.0) if not row else None for q, row in zip(questions, hits)]
         asked = [b for b, row in enumerate(hits) if row]
-        if asked:
-            scores, valid, blocks = self._span_scores([questions[b] for b in asked], [hits[b] for b in asked])
-            row = 0
-            for b, spans in zip(asked, blocks):
-                k = len(hits[b])
-                block_logits = retrieval_logits(hits[b], self.searcher.scores_are_retrieval_logits)
-                log_joint = joint_log_probs(block_logits[None], scores[None, row : row + k], valid[None, row : row + k])
-                answers[b] = compose_answer(questions[b], hits[b], spans, block_logits, log_joint[0], self.selection)
-                row += k
+        for b, rows in zip(asked, self._rows([questions[b] for b in asked], [hits[b] for b in asked])):
+            scores, valid = padded_scores(rows)
+            block_logits = retrieval_logits(hits[b], self.searcher.scores_are_retrieval_logits)
+            log_joint = joint_log_probs(block_logits[None], scores[None], valid[None])
+            blocks = [spans for _, spans in rows]
+            answers[b] = compose_answer(questions[b], hits[b], blocks, block_logits, log_joint[0], self.selection)
         return [answer for answer in answers if answer is not None]  # every question has one by now
 
     @torch.inference_mode()
@@ -163,9 +192,10 @@ class Answerer:
         hits = self.searcher.search(example.question, self.k)
         if not hits:
             return 0.0
-        scores, valid, blocks = self._span_scores([example.question], [hits])  # (K, S)
+        (rows,) = self._rows([example.question], [hits])
+        scores, valid = padded_scores(rows)  # (K, S)
         match = torch.zeros_like(valid)
-        for z, (hit, spans) in enumerate(zip(hits, blocks[0])):
+        for z, (hit, (_, spans)) in enumerate(zip(hits, rows)):
             match[z, : len(spans.spans)] = torch.tensor(matching_spans(hit.text, spans, example), dtype=torch.bool)
         if not match.any():
             return 0.0
@@ -186,20 +216,38 @@ def load_answerer(
 ) -> Answerer:
     """Model + index version (default: CURRENT) -> an Answerer. `retriever="bm25"` keeps the reader and swaps
     in BM25 over the same blocks; `"hybrid"` fuses both (index/search.py)."""
+    return load_answerers(model_spec, index_dir, preset, (retriever,), k, corpus, version)[retriever]
+
+
+def load_answerers(
+    model_spec: str,
+    index_dir: str | Path,
+    preset,
+    retrievers: Sequence[str],
+    k: int | None = None,
+    corpus: str | Path | None = None,
+    version: int | None = None,
+) -> dict[str, Answerer]:
+    """One Answerer for each of `retrievers`, over one reader and one version's blocks. With more than one they
+    share the rows read (ReadRows): a (question, block) that two retrievers both return is read once."""
     from realm.common.device import default_device
 
     index = MipsIndex(index_dir, version)
     config = index.retriever_config(preset.retriever)  # pooling etc. of the index's model
     model = QAModel.load(model_spec, config, preset.qa.span_hidden, preset.qa.max_span_width)
-    store = index.corpus(corpus)  # the version's live blocks, read once for the searcher and the reader's length
-    searcher = open_searcher(index, retriever, model.retriever, model.fusion_weight, store)
+    store = index.corpus(corpus)  # the version's live blocks, read once for the searchers and the reader's length
     device = default_device()
-    dtype = preset.compute_dtype(device)
-    return Answerer(
-        model.to(device),
-        searcher,
-        k or preset.qa.top_k,
-        store.config.max_block_tokens,
-        dtype=dtype,
-        selection=preset.qa.answer_selection,
-    )
+    model = model.to(device)
+    read_rows: ReadRows | None = {} if len(retrievers) > 1 else None
+    return {
+        retriever: Answerer(
+            model,
+            open_searcher(index, retriever, model.retriever, model.fusion_weight, store),
+            k or preset.qa.top_k,
+            store.config.max_block_tokens,
+            dtype=preset.compute_dtype(device),
+            selection=preset.qa.answer_selection,
+            read_rows=read_rows,
+        )
+        for retriever in retrievers
+    }

@@ -26,8 +26,12 @@ from realm.common.io import write_json_atomic
 from realm.config import Preset, PretrainConfig, StageCosts
 from realm.data.sources import VITAL_ARTICLES
 from realm.pipeline.ablations import ablation_variants
+from realm.recipes.warmup import OWN_BLOCK_READINGS
 
 MIN_TRAINING_STEPS = 2
+# MiniLM's fresh masked-LM head at the cpu preset's batch and lr starts to copy after 600-800 own-block warm-up steps;
+# retrieval gained on held-out sentences after about 1,000 (docs/results.md, twelfth part)
+READER_WARMUP_STEPS = 1000
 BUDGET_SLACK = 1.1  # a plan may overrun its budget by this factor when the step counts hit their minimum
 
 
@@ -64,6 +68,8 @@ class PipelinePlan:
     preset: Preset  # the preset with its step counts scaled, and the stage costs it was sized with
     stages: tuple[StageEstimate, ...]
     spent_seconds: float = 0.0  # before planning: corpus, warm start, off-the-shelf index, calibration
+    # the estimate of a plan whose own-block reader warm-up reaches READER_WARMUP_STEPS, where this one's stops short
+    reading_minutes: float | None = None
 
     @property
     def estimated_minutes(self) -> float:
@@ -75,7 +81,14 @@ class PipelinePlan:
         qa = f", QA {p.qa.steps} steps" if p.qa.steps else ""
         ict = f"ICT {p.ict.steps} steps" if p.ict.steps else "no ICT"
         steps = f"{ict}, REALM {p.pretrain.steps} steps{qa}"
-        return f"{self.estimated_minutes:.0f} min estimated with {p.costs.source}{fits}; {steps}"
+        short = (
+            f"; REALM's reader warm-up gets {p.pretrain.null_warmup_steps:,} of the {READER_WARMUP_STEPS:,} steps after "
+            f"which retrieval helped in docs/results.md (twelfth part): a budget of about "
+            f"{math.ceil(self.reading_minutes)} min gives it them"
+            if self.reading_minutes is not None
+            else ""
+        )
+        return f"{self.estimated_minutes:.0f} min estimated with {p.costs.source}{fits}; {steps}{short}"
 
     def to_dict(self) -> dict:
         return {
@@ -83,6 +96,7 @@ class PipelinePlan:
             "scale": self.scale,
             "estimated_minutes": self.estimated_minutes,
             "spent_seconds": self.spent_seconds,
+            "reading_minutes": self.reading_minutes,
             "costs": dataclasses.asdict(self.preset.costs),
             "stages": [{**dataclasses.asdict(s), "seconds": s.seconds} for s in self.stages],
         }
@@ -174,7 +188,7 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
         stages += [StageEstimate("realm_index", 0, 0.0, reembed)]
         stages += [
             StageEstimate("qa", qa_steps, c.qa_step, scoring),
-            StageEstimate("eval", 0, 0.0, 3 * work.qa_dev * c.qa_question),
+            StageEstimate("eval", 0, 0.0, work.qa_dev * c.qa_systems_question),
         ]
     if work.ablations:
         stages += [StageEstimate("qa_ict", qa_steps, c.qa_step, scoring + work.qa_dev * c.qa_question)]
@@ -203,13 +217,27 @@ def plan_pipeline(
         return PipelinePlan(None, 1.0, preset, tuple(stages), spent_seconds)
     chosen = _scale_to_fit(preset, work, stages, budget_minutes, spent_seconds) if scale is None else scale
     scaled = scale_preset(preset, chosen, work.qa_train)
-    plan = PipelinePlan(budget_minutes, chosen, scaled, tuple(estimate(scaled, work)), spent_seconds)
+    reading = _reading_minutes(preset, scaled, work, spent_seconds)
+    plan = PipelinePlan(budget_minutes, chosen, scaled, tuple(estimate(scaled, work)), spent_seconds, reading)
     if scale is None and plan.estimated_minutes > budget_minutes * BUDGET_SLACK:  # the minimum step counts do not fit
         raise ValueError(
             f"a budget of {budget_minutes:g} min is too small: even {MIN_TRAINING_STEPS} steps per "
             f"trainer take about {plan.estimated_minutes:.0f} min on the {_costed(preset)}"
         )
     return plan
+
+
+def _reading_minutes(preset: Preset, scaled: Preset, work: Workload, spent_seconds: float) -> float | None:
+    """Where `scaled` cuts an own-block reader warm-up below READER_WARMUP_STEPS: the estimated minutes of the plan
+    that keeps them (every trainer scaled alike); else None."""
+    warmup = preset.pretrain.null_warmup_steps
+    if scaled.pretrain.reader_warmup not in OWN_BLOCK_READINGS or not warmup:
+        return None
+    if scaled.pretrain.null_warmup_steps >= READER_WARMUP_STEPS:
+        return None
+    scale = READER_WARMUP_STEPS / warmup
+    kept = scale_preset(preset, scale, work.qa_train)
+    return PipelinePlan(None, scale, kept, tuple(estimate(kept, work)), spent_seconds).estimated_minutes
 
 
 def plan_run(

@@ -14,7 +14,7 @@ from realm.config import PretrainConfig
 from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations, start_retriever
 from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import ReportDocument
-from realm.pipeline.plan import PipelinePlan
+from realm.pipeline.plan import READER_WARMUP_STEPS, PipelinePlan
 from realm.recipes.warmup import OWN_BLOCK_READINGS
 from realm.training import read_metrics
 
@@ -59,11 +59,6 @@ def _configuration(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     )
 
 
-# MiniLM's fresh masked-LM head at the cpu preset's batch and lr starts to copy after 600-800 own-block warm-up steps;
-# retrieval gained on held-out sentences after about 1,000 (docs/results.md, twelfth part)
-READER_WARMUP_STEPS = 1000
-
-
 def pretraining_setting(cfg: PretrainConfig) -> str:
     """The REALM pretraining row of the configuration table: what a reader of the report needs to rerun it."""
     window = f", {cfg.reader_warmup_window} words each side of the sentence" if cfg.reader_warmup_window else ""
@@ -73,7 +68,7 @@ def pretraining_setting(cfg: PretrainConfig) -> str:
         else f"the null document and a block ({cfg.reader_warmup} warm-up{window})"
     )
     if cfg.reader_warmup in OWN_BLOCK_READINGS and cfg.null_warmup_steps < READER_WARMUP_STEPS:
-        warmup += f" (fewer than the {READER_WARMUP_STEPS} the held-out gain needed in docs/results.md, twelfth part)"
+        warmup += f" (fewer than the {READER_WARMUP_STEPS:,} the held-out gain needed in docs/results.md, twelfth part)"
     return (
         f"{cfg.steps} steps, batch {cfg.batch_size}, lr {cfg.lr:g}, {cfg.num_candidates} candidates incl. null, "
         f"{cfg.masking} masking, "

@@ -17,7 +17,7 @@ from realm.data.blocks import BlockStore, build_corpus
 from realm.data.qa_examples import QAExample
 from realm.data.recoverable import SpanFinder
 from realm.data.sentences import SentenceSet, sentences_path
-from realm.eval.answerer import load_answerer
+from realm.eval.answerer import load_answerer, load_answerers
 from realm.eval.mlm import masked_span_accuracy, worked_examples
 from realm.eval.qa import compare_predictions, evaluate_qa
 from realm.eval.retrieval import recall_at_k
@@ -155,9 +155,9 @@ def evaluate_systems(
     (label -> (its index folder, the retriever folder))."""
 
     result: dict = {}
+    answerers = load_answerers(str(best), index_folder, preset, SYSTEMS)  # a block two systems retrieve is read once
     for kind in SYSTEMS:
-        answerer = load_answerer(str(best), index_folder, preset, kind)
-        result[kind] = evaluate_qa(answerer, dev, RECALL_KS, folder / f"predictions_{kind}.jsonl")
+        result[kind] = evaluate_qa(answerers[kind], dev, RECALL_KS, folder / f"predictions_{kind}.jsonl")
     result["paired"] = {
         f"{a} - {b}": compare_predictions(folder / f"predictions_{a}.jsonl", folder / f"predictions_{b}.jsonl")
         for a, b in (("dense", "bm25"), ("hybrid", "bm25"), ("hybrid", "dense"))
