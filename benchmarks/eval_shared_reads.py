@@ -49,7 +49,8 @@ def main() -> None:
                 answerers = load_answerers(args.model, args.index, preset, SYSTEMS)
             took, exact[name] = timed_evaluation(answerers, questions)
             seconds[name].append(took)
-            rows[name] = sum(len(r) for r in {id(a.read_rows): a.read_rows or {} for a in answerers.values()}.values())
+            kept = {id(a.read_rows): a.read_rows for a in answerers.values()}.values()  # one dict if shared
+            rows[name] = sum(len(r or {}) for r in kept)
             print(f"round {round_ + 1}/{args.rounds}: {name} {took:.1f} s", flush=True)
     if exact["each alone"] != exact["sharing reads"]:
         raise SystemExit(f"exact match differs: {exact}")

@@ -150,11 +150,9 @@ class Answerer:
     ) -> list[list[tuple[torch.Tensor, BlockSpans]]]:
         """S(s) of each (question, block)'s valid spans, and the block's spans, per question, hits' order. A row in
         `read_rows` is not read again; S(s) depends on the question and the block alone."""
-        wanted = [(q, h.block_id) for q, row in zip(questions, hits) for h in row]
-        known = self.read_rows if self.read_rows is not None else {}
-        bodies = {(q, h.block_id): h.text for q, row in zip(questions, hits) for h in row}
-        missing = list(dict.fromkeys(key for key in wanted if key not in known))
-        read: ReadRows = {}
+        bodies = {(q, h.block_id): h.text for q, row in zip(questions, hits) for h in row}  # in hits' order
+        rows: ReadRows = self.read_rows if self.read_rows is not None else {}
+        missing = [key for key in bodies if key not in rows]
         if missing:
             batch, blocks = self.model.reader_inputs(
                 [q for q, _ in missing], [[bodies[key]] for key in missing], self.max_block_tokens
@@ -163,15 +161,8 @@ class Answerer:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16):
                 scores = self.model.span_scores(batch.to(device)).float().cpu()  # (N, S)
             for n, (key, (spans,)) in enumerate(zip(missing, blocks)):
-                read[key] = (scores[n, : len(spans.spans)].clone(), spans)
-            if self.read_rows is not None:
-                self.read_rows.update(read)
-        rows = [known[key] if key in known else read[key] for key in wanted]
-        grouped, first = [], 0
-        for row in hits:
-            grouped.append(rows[first : first + len(row)])
-            first += len(row)
-        return grouped
+                rows[key] = (scores[n, : len(spans.spans)].clone(), spans)
+        return [[rows[(q, h.block_id)] for h in row] for q, row in zip(questions, hits)]
 
     @torch.inference_mode()
     def read(self, questions: Sequence[str], hits: Sequence[Sequence[SearchHit]]) -> list[Answer]:

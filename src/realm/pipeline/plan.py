@@ -231,9 +231,8 @@ def _reading_minutes(preset: Preset, scaled: Preset, work: Workload, spent_secon
     """Where `scaled` cuts an own-block reader warm-up below READER_WARMUP_STEPS: the estimated minutes of the plan
     that keeps them (every trainer scaled alike); else None."""
     warmup = preset.pretrain.null_warmup_steps
-    if scaled.pretrain.reader_warmup not in OWN_BLOCK_READINGS or not warmup:
-        return None
-    if scaled.pretrain.null_warmup_steps >= READER_WARMUP_STEPS:
+    own_block = preset.pretrain.reader_warmup in OWN_BLOCK_READINGS
+    if not own_block or not warmup or scaled.pretrain.null_warmup_steps >= READER_WARMUP_STEPS:
         return None
     scale = READER_WARMUP_STEPS / warmup
     kept = scale_preset(preset, scale, work.qa_train)
