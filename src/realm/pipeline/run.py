@@ -295,7 +295,7 @@ class Pipeline:
         assert self.plan is not None
         took = {name: r.seconds for name, r in self.stages.records.items()}
         preset, scale = paced_preset(self.plan, self.base_preset, self.work, self.run_dir / "plan.json", stage, took)
-        if abs(scale / self.plan.scale - 1) > 0.01:
+        if abs(scale - self.plan.scale) > 0.01 * self.plan.scale:  # a plan at its minimum steps has scale 0
             self.echo(f"[pipeline] {stage}: steps x{scale:.2f} at the run's pace (planned x{self.plan.scale:.2f})")
         return preset
 
