@@ -539,6 +539,10 @@ def test_the_report_names_the_reader_warmup_and_loss_of_pretraining():
         "first 234 on the null document and a block (copy+context warm-up, 24 words each side of the sentence) "
         "(fewer than the 1,000 the held-out gain needed" in short
     )
+    # with the plan's figure: the budget that would give the warm-up its full length
+    costed = pretraining_setting(dataclasses.replace(cpu, null_warmup_steps=234, steps=304), reading_minutes=208.2)
+    assert "twelfth part: a budget of about 209 min gives it them)" in costed
+    assert "a budget of about" not in short and "a budget of about" not in pretraining_setting(cpu, 208.2)
     papers = dataclasses.replace(cpu, reader_warmup="null", reader_loss="marginal")
     assert "first 1000 on the null document alone" in pretraining_setting(papers)
     assert pretraining_setting(papers).endswith("reader loss marginal")

@@ -6,6 +6,7 @@ the only constants are the paper's published numbers, shown beside ours and labe
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def _configuration(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
                 if preset.ict.steps
                 else "none: REALM starts from the warm start",
             ],
-            ["REALM pretraining", pretraining_setting(preset.pretrain)],
+            ["REALM pretraining", pretraining_setting(preset.pretrain, plan.reading_minutes)],
             ["pretraining sentences", _sentence_usage(r.get("realm", {}).get("sentences"))],
             [
                 "QA fine-tuning",
@@ -59,8 +60,9 @@ def _configuration(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     )
 
 
-def pretraining_setting(cfg: PretrainConfig) -> str:
-    """The REALM pretraining row of the configuration table: what a reader of the report needs to rerun it."""
+def pretraining_setting(cfg: PretrainConfig, reading_minutes: float | None = None) -> str:
+    """The REALM pretraining row of the configuration table: what a reader of the report needs to rerun it.
+    `reading_minutes`: the plan's budget that would give a warm-up cut short its full length."""
     window = f", {cfg.reader_warmup_window} words each side of the sentence" if cfg.reader_warmup_window else ""
     warmup = (
         "the null document alone"
@@ -68,7 +70,8 @@ def pretraining_setting(cfg: PretrainConfig) -> str:
         else f"the null document and a block ({cfg.reader_warmup} warm-up{window})"
     )
     if cfg.reader_warmup in OWN_BLOCK_READINGS and cfg.null_warmup_steps < READER_WARMUP_STEPS:
-        warmup += f" (fewer than the {READER_WARMUP_STEPS:,} the held-out gain needed in docs/results.md, twelfth part)"
+        needs = f": a budget of about {math.ceil(reading_minutes)} min gives it them" if reading_minutes else ""
+        warmup += f" (fewer than the {READER_WARMUP_STEPS:,} the held-out gain needed in docs/results.md, twelfth part{needs})"
     return (
         f"{cfg.steps} steps, batch {cfg.batch_size}, lr {cfg.lr:g}, {cfg.num_candidates} candidates incl. null, "
         f"{cfg.masking} masking, "
