@@ -257,8 +257,10 @@ def resume_training(
 def load_checkpoint(
     folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, d: Dist
 ) -> tuple[int, DataPosition, dict]:
-    """Restore everything saved by save_checkpoint; returns (step, data position, trainer state)."""
+    """Restore everything saved by save_checkpoint; returns (step, data position, trainer state). The learning
+    rates are this run's, not the checkpoint's (the same on a plain resume; a branch of a run may change them)."""
     state = json.loads((folder / "trainer.json").read_text())
+    configured = [group["initial_lr"] for group in optimizer.param_groups]
     if state["world_size"] != d.world_size:
         log.warning(
             "checkpoint was written by %d processes, resuming with %d: dropout streams differ",
@@ -267,7 +269,10 @@ def load_checkpoint(
         )
     load_model(model, str(folder / "model.safetensors"))
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-    scheduler.load_state_dict(state["scheduler"])
+    scheduler.load_state_dict(state["scheduler"])  # LambdaLR saves its base rates: those too are the checkpoint's
+    scheduler.base_lrs = configured
+    for group, base, factor in zip(optimizer.param_groups, configured, scheduler.lr_lambdas, strict=True):
+        group["initial_lr"], group["lr"] = base, base * factor(scheduler.last_epoch)
     rng = load_file(folder / "rng.safetensors")
     torch.set_rng_state(rng.get(f"rank{d.rank}", rng["rank0"]))
     cuda_state = rng.get(f"cuda_rank{d.rank}", rng.get("cuda_rank0"))

@@ -317,6 +317,32 @@ def test_towers_keep_zero_lr_until_their_start():
     assert [r["retriever."] for r in held] == [0, 0, 0, 0, 0.05, 0.1, 0.1, 0.075, 0.05, 0.025]
 
 
+def test_a_resumed_run_takes_its_learning_rates_from_its_config_not_the_checkpoint(tmp_path):
+    """A branch of a run (benchmarks/pretrain_branch.py) may change a rate: LambdaLR's saved base rates must not win."""
+    from realm.training import ONE_PROCESS, load_checkpoint, save_checkpoint
+
+    def trainer(tower_lr: float):
+        model = torch.nn.ModuleDict({"retriever": torch.nn.Linear(2, 2), "reader": torch.nn.Linear(2, 2)})
+        optimizer = bert_optimizer(model, 1.0, prefix_lrs={"retriever.": tower_lr})
+        return model, optimizer, linear_schedule(optimizer, warmup=2, total=10, start_at={"retriever.": 4})
+
+    def rates(optimizer, scheduler, steps: int) -> list[float]:
+        seen = []
+        for _ in range(steps):
+            seen.append(round(next(g["lr"] for g in optimizer.param_groups if g["prefix"] == "retriever."), 4))
+            optimizer.step()
+            scheduler.step()
+        return seen
+
+    model, optimizer, scheduler = trainer(0.1)
+    assert rates(optimizer, scheduler, 5) == [0, 0, 0, 0, 0.05]
+    save_checkpoint(tmp_path, 5, model, optimizer, scheduler, DataPosition(), ONE_PROCESS)
+    for tower_lr, expected in ((0.1, [0.1, 0.1, 0.075, 0.05, 0.025]), (0.01, [0.01, 0.01, 0.0075, 0.005, 0.0025])):
+        model, optimizer, scheduler = trainer(tower_lr)
+        load_checkpoint(tmp_path / "checkpoints" / "step-00000005", model, optimizer, scheduler, ONE_PROCESS)
+        assert rates(optimizer, scheduler, 5) == expected
+
+
 def test_fused_optimizer_matches_reference_adamw():
     """bert_optimizer's fused update is AdamW's: the same weights as the per-op reference after a few steps."""
     torch.manual_seed(0)
