@@ -8,6 +8,9 @@ in hit@5 is against the first `--retriever`'s own pair, over the same questions.
 
     python benchmarks/tower_swap.py --qa ../shared/data/qa/squad_open_dev.jsonl \
         --retriever ict=runs/pre/ict/retriever=runs/ict_index --retriever realm=runs/pre/realm/retriever=runs/realm_index
+
+Runs that kept the warm start's document tower (`--doc-tower fixed`) differ in their query towers alone:
+--base-doc-tower scores each over the base's index only (n pairs, not n^2).
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ def main() -> None:
     parser.add_argument(
         "--retriever", action="append", required=True, help="NAME=RETRIEVER=INDEX (its document tower's); first: base"
     )
+    parser.add_argument(
+        "--base-doc-tower",
+        action="store_true",
+        help="pair every query tower with the base's document tower only (runs that kept it fixed: --doc-tower fixed)",
+    )
     parser.add_argument("--preset", default="cpu")
     args = parser.parse_args()
     preset = get_preset(args.preset)
@@ -49,7 +57,7 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|")
     base = None
     for query_name, _, _ in specs:
-        for doc_name, _, _ in specs:
+        for doc_name, _, _ in specs[:1] if args.base_doc_tower else specs:
             q, d = retrievers[query_name], retrievers[doc_name]
             paired = Retriever(q.query_tower, d.doc_tower, d.tokenizer, d.config, d.null_score)
             hits = searcher_hits(open_searcher(indexes[doc_name], "dense", paired), questions)  # (Q, len(KS))
