@@ -153,7 +153,8 @@ def test_builtin_vital_articles_matches_shared_copy():
 
 @pytest.mark.slow
 def test_pipeline_with_the_real_model_fits_a_tiny_budget(squad_slice, tmp_path, capsys):
-    """Every stage with MiniLM on real SQuAD paragraphs and questions, the budget cutting training to a few steps."""
+    """Every stage with MiniLM on real SQuAD paragraphs and questions, the budget cutting training to a few steps.
+    7 minutes: on a slow 2-core machine (AVX2 only, fp32) the calibration alone takes 3.6 and the fixed costs 6."""
     run = tmp_path / "run"
     args = [
         "pipeline",
@@ -167,13 +168,13 @@ def test_pipeline_with_the_real_model_fits_a_tiny_budget(squad_slice, tmp_path, 
         "--qa-dev",
         str(squad_slice / "qa.jsonl"),
         "--budget-minutes",
-        "5.5",
+        "7",
     ]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "budget of 5.5 min" in out and "report:" in out
+    assert "budget of 7 min" in out and "report:" in out
     plan = json.loads((run / "plan.json").read_text())
-    assert plan["estimated_minutes"] <= 5.5 * 1.1 and plan["preset"]["pretrain"]["steps"] < 1300
+    assert plan["estimated_minutes"] <= 7 * 1.1 and plan["preset"]["pretrain"]["steps"] < 1300
     report = (run / "report.md").read_text()
     assert " retriever (fine-tuned query tower) + reader |" in report and "| BM25 + the same reader |" in report
     assert "| hybrid: dense + w · BM25 + the same reader |" in report
