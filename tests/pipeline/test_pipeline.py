@@ -368,6 +368,14 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     qa_config = json.loads((run / "qa" / "config.json").read_text())["config"]
     assert qa_config["reader"].endswith("warm_start/reader")
     assert f"Retriever: **{start['retriever']}** (the highest" in report.read_text()
+    held_out = len(QUESTIONS) // 5  # held out of fine-tuning: the start and the query tower are chosen on them
+    tower = json.loads((run / STAGES / "qa.json").read_text())["result"]["query_tower"]
+    assert (
+        start["questions"] == tower["questions"] == held_out
+        and qa_config["train_questions"] == len(QUESTIONS) - held_out
+    )
+    kept = "the fine-tuned one" if tower["kept"] == "fine-tuned" else "the start's"
+    assert f"Query tower after fine-tuning: **{kept}" in report.read_text()
 
 
 def test_without_ict_realm_starts_from_the_warm_start_and_its_index(tiny_run):

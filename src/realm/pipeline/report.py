@@ -123,7 +123,7 @@ def _curves(doc: ReportDocument, run_dir: Path, records: dict) -> None:
 
 
 SYSTEM_LABELS = {
-    "dense": "{retriever} retriever (fine-tuned query tower) + reader",
+    "dense": "{retriever} retriever ({tower}) + reader",
     "hybrid": "hybrid: dense + w · BM25 + the same reader",
     "bm25": "BM25 + the same reader",
 }
@@ -134,15 +134,29 @@ READER_REASONS = {
 }
 
 
-def _qa_start(doc: ReportDocument, start: dict) -> None:
+def _qa_start(doc: ReportDocument, start: dict, query_tower: dict | None) -> None:
     doc.heading("Where QA fine-tuning started")
     recall = ", ".join(f"{label} {value:.2f}" for label, value in start["recall@5"].items())
     why = "fixed by --ablations, which compare REALM pretraining" if start["fixed"] else "the highest"
     doc.paragraph(
         f"Retriever: **{start['retriever']}** ({why}; zero-shot recall@5 on the first {start['questions']} training "
-        f"questions, before fine-tuning saw them: {recall}). Reader: **{start['reader']}**, because "
+        f"questions, which fine-tuning holds out: {recall}). Reader: **{start['reader']}**, because "
         f"{READER_REASONS[start['reader']]}."
     )
+    if query_tower:
+        recall = query_tower["recall@5"]
+        kept = "the fine-tuned one" if query_tower["kept"] == "fine-tuned" else "the start's, fine-tuning's set aside"
+        doc.paragraph(
+            f"Query tower after fine-tuning: **{kept}**: recall@5 on the same {query_tower['questions']} held-out "
+            f"questions, fine-tuned {recall['fine-tuned']:.2f} vs start {recall['start']:.2f}; the fine-tuned tower "
+            "is kept only when it is higher."
+        )
+
+
+def _query_tower_label(r: dict) -> str:
+    """The query tower the fine-tuned system kept (work.py: keep_query_tower)."""
+    kept = r.get("qa", {}).get("query_tower", {}).get("kept", "fine-tuned")
+    return "fine-tuned query tower" if kept == "fine-tuned" else "query tower kept from the start"
 
 
 def _qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
@@ -162,8 +176,9 @@ def _qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
         for key, values in ev.items()
         if key.startswith("zero_shot/")
     ]
-    rows += [[f"{chosen}, fine-tuned query tower", *(ev["dense"].get(k) for k in ks)]]
-    rows += [["hybrid (fine-tuned query tower + w · BM25)", *(ev["hybrid"].get(k) for k in ks)]]
+    tower = _query_tower_label(r)
+    rows += [[f"{chosen}, {tower}", *(ev["dense"].get(k) for k in ks)]]
+    rows += [[f"hybrid ({tower} + w · BM25)", *(ev["hybrid"].get(k) for k in ks)]]
     doc.table(["retriever", *ks], rows)
     doc.heading("Open-QA exact match")
     doc.paragraph(
@@ -171,7 +186,7 @@ def _qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
         "the questions, and where the errors are: the answer not in the reader's blocks, in them but the "
         "prediction shares no word with it, or shares a word but is not exact (percent of all questions)."
     )
-    systems = {label.format(retriever=chosen): ev[kind] for kind, label in SYSTEM_LABELS.items()}
+    systems = {label.format(retriever=chosen, tower=tower): ev[kind] for kind, label in SYSTEM_LABELS.items()}
     if "qa_ict" in r:
         start = start_retriever(bool(plan.preset.ict.steps))
         systems[f"{start} + warm-start reader, fine-tuned (ORQA-style)"] = r["qa_ict"]["dense"]
@@ -316,7 +331,7 @@ def write_report(
     _stages(doc, records, plan)
     _curves(doc, run_dir, records)
     if "qa_start" in r:
-        _qa_start(doc, r["qa_start"])
+        _qa_start(doc, r["qa_start"], r.get("qa", {}).get("query_tower"))
     if "eval" in r:
         _qa_tables(doc, r, plan)
     if has_ablations:
@@ -330,7 +345,7 @@ def write_report(
     results.paragraph(f"Command: `{command}`. Written {time.strftime('%Y-%m-%d')} from the run's own records." + status)
     _configuration(results, r, plan)
     if "qa_start" in r:
-        _qa_start(results, r["qa_start"])
+        _qa_start(results, r["qa_start"], r.get("qa", {}).get("query_tower"))
     if "eval" in r:
         _qa_tables(results, r, plan)
     if has_ablations:

@@ -58,7 +58,14 @@ class Pipeline:
         self.run_dir = Path(options.run_dir)
         self.stages = Stages(self.run_dir, echo, on_finish=lambda: self.report(complete=False))
         self.echo = echo
-        self.qa_train: list[QAExample] = load_qa(options.qa_train) if options.qa_train else []
+        qa_train = load_qa(options.qa_train) if options.qa_train else []
+        if options.qa_train and len(qa_train) < stage_work.HELD_OUT_SHARE:
+            raise ValueError(
+                f"{options.qa_train}: {len(qa_train)} questions; QA fine-tuning needs at least {stage_work.HELD_OUT_SHARE} "
+                "(a fifth of them held out to choose retrievers on)"
+            )
+        # what QA fine-tunes on, and the training questions it holds out to choose its start and its query tower on
+        self.qa_train, self.qa_held_out = stage_work.split_training_questions(qa_train)
         self.qa_dev: list[QAExample] = load_qa(options.qa_dev) if options.qa_dev else []
         self.plan: PipelinePlan | None = None
         self.began = time.time()  # the report counts this invocation's time from here
@@ -152,7 +159,7 @@ class Pipeline:
         """Open-QA fine-tuning over a frozen index (and, for the ablations, dense evaluation on all dev questions)."""
 
         def work(folder: Path, resume: bool) -> dict:
-            data = (self.qa_train, self.qa_dev)
+            data = (self.qa_train, self.qa_held_out, self.qa_dev)
             return stage_work.finetune(
                 model_folder, index_folder, reader, *data, preset, folder, resume, self.options.progress, evaluate
             )
@@ -162,6 +169,7 @@ class Pipeline:
             "evaluate": evaluate,
             "reader": str(reader) if reader else None,
             "data": [describe_input(str(self.options.qa_train)), describe_input(str(self.options.qa_dev))],
+            "held_out": len(self.qa_held_out),
         }
         return self.stages.run(name, settings, work)
 
@@ -178,8 +186,8 @@ class Pipeline:
             "reader": reader,
             "data": describe_input(str(self.options.qa_train)),
         }
-        work = lambda folder, resume: stage_work.choose_qa_start(folders, self.qa_train, preset, reader, fixed)  # noqa: E731
-        return self.stages.run("qa_start", settings | {"questions": stage_work.SELECTION_QUESTIONS}, work)
+        work = lambda folder, resume: stage_work.choose_qa_start(folders, self.qa_held_out, preset, reader, fixed)  # noqa: E731
+        return self.stages.run("qa_start", settings | {"questions": len(self.qa_held_out)}, work)
 
     def evaluate(
         self, preset: Preset, qa: StageRecord, zero_shot: dict[str, tuple[StageRecord, Path]], index_folder: Path

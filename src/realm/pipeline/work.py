@@ -5,12 +5,14 @@ zero-shot recall of each retriever, worked examples (the paper's Table 3) and ma
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from realm.common.device import default_device
+from realm.common.io import write_dir_atomic, write_json_atomic
 from realm.common.tokenization import load_tokenizer, resolve_tokenizer_dir
 from realm.config import Preset
 from realm.data.blocks import BlockStore, build_corpus
@@ -75,6 +77,7 @@ def finetune(
     index_folder: Path,
     reader: Path | None,
     train: Sequence[QAExample],
+    held_out: Sequence[QAExample],
     dev: Sequence[QAExample],
     preset: Preset,
     folder: Path,
@@ -82,7 +85,8 @@ def finetune(
     progress: bool,
     evaluate: bool,
 ) -> dict:
-    """Fine-tune on `train` (dev EM after each epoch), and with `evaluate` score the best model on all of `dev`."""
+    """Fine-tune on `train` (dev EM after each epoch), keep the better query tower on the `held_out` training
+    questions (keep_query_tower), and with `evaluate` score the best model on all of `dev`."""
 
     best = train_qa(
         str(model_folder),
@@ -96,14 +100,49 @@ def finetune(
         reader_spec=str(reader) if reader else None,
     )
     result = {"dev": json.loads((best / "dev.json").read_text()), "train": last_metrics(folder)}
+    result["query_tower"] = keep_query_tower(best, model_folder / "retriever", index_folder, held_out, preset)
     if evaluate:
         answerer = load_answerer(str(best), index_folder, preset)
         result["dense"] = evaluate_qa(answerer, dev, RECALL_KS, folder / "predictions_dense.jsonl")
     return result
 
 
+QUERY_TOWER_CHOICE = "query_tower.json"  # in the fine-tuned model's folder: which query tower it kept, and why
+
+
+def keep_query_tower(
+    best: Path, start: Path, index_folder: Path, held_out: Sequence[QAExample], preset: Preset
+) -> dict:
+    """Never hand back a worse retriever silently: zero-shot recall@5 of the fine-tuned query tower in `best` and
+    of its `start` on training questions fine-tuning held out; the fine-tuned tower stays only when it is higher,
+    otherwise the start's retriever goes back into `best` (a tie keeps the tower whose recall is known from
+    before). The choice is written into `best` before the swap, so a run killed between the two redoes the swap."""
+    record = best / QUERY_TOWER_CHOICE
+    if record.is_file():
+        choice = json.loads(record.read_text())
+    else:
+        recall = {
+            label: zero_shot_recall(index_folder, retriever, held_out, (5,), preset)["recall@5"]
+            for label, retriever in (("start", start), ("fine-tuned", best / "retriever"))
+        }
+        kept = "fine-tuned" if recall["fine-tuned"] > recall["start"] else "start"
+        choice = {"kept": kept, "recall@5": recall, "questions": len(held_out)}
+        write_json_atomic(record, choice)
+    if choice["kept"] == "start":
+        write_dir_atomic(best / "retriever", lambda tmp: shutil.copytree(start, tmp, dirs_exist_ok=True))
+    return choice
+
+
 SYSTEMS = ("dense", "bm25", "hybrid")  # the fine-tuned reader with each retriever
-SELECTION_QUESTIONS = 500  # training questions on which the QA start's retriever is chosen (never dev questions)
+SELECTION_QUESTIONS = 500  # training questions held out of QA fine-tuning to choose retrievers on (never dev ones)
+HELD_OUT_SHARE = 5  # of fewer training questions, one in this many is held out
+
+
+def split_training_questions(questions: Sequence[QAExample]) -> tuple[list[QAExample], list[QAExample]]:
+    """(what QA fine-tunes on, what it holds out): the first SELECTION_QUESTIONS (at most one in HELD_OUT_SHARE)
+    choose the retriever fine-tuning starts from and the query tower it ends with, on questions it never trains on."""
+    held = min(SELECTION_QUESTIONS, len(questions) // HELD_OUT_SHARE)
+    return list(questions[held:]), list(questions[:held])
 
 
 def zero_shot_recall(
@@ -125,10 +164,10 @@ def choose_qa_start(
     fixed: str | None = None,
 ) -> dict:
     """The retriever QA fine-tunes from: the highest zero-shot recall@5 of `retrievers` (label -> (its index
-    folder, the retriever folder), in stage order; a tie goes to the later stage) on the first SELECTION_QUESTIONS
-    training questions, which fine-tuning has not yet seen; the dev questions stay for the report. `fixed`: that
-    label whatever the recall (still measured). `reader`: the label of the reader start, recorded beside it."""
-    sample = list(questions[:SELECTION_QUESTIONS])
+    folder, the retriever folder), in stage order; a tie goes to the later stage) on the training `questions`
+    fine-tuning holds out (split_training_questions); the dev questions stay for the report. `fixed`: that label
+    whatever the recall (still measured). `reader`: the label of the reader start, recorded beside it."""
+    sample = list(questions)
     recall = {
         label: zero_shot_recall(*folders, sample, (5,), preset)["recall@5"] for label, folders in retrievers.items()
     }
