@@ -134,7 +134,9 @@ READER_REASONS = {
 }
 
 
-def _qa_start(doc: ReportDocument, start: dict, query_tower: dict | None) -> None:
+def _qa_start(doc: ReportDocument, r: dict) -> None:
+    """Where QA fine-tuning started, and which query tower it kept (work.py: keep_query_tower)."""
+    start, query_tower = r["qa_start"], r.get("qa", {}).get("query_tower")
     doc.heading("Where QA fine-tuning started")
     recall = ", ".join(f"{label} {value:.2f}" for label, value in start["recall@5"].items())
     why = "fixed by --ablations, which compare REALM pretraining" if start["fixed"] else "the highest"
@@ -144,11 +146,11 @@ def _qa_start(doc: ReportDocument, start: dict, query_tower: dict | None) -> Non
         f"{READER_REASONS[start['reader']]}."
     )
     if query_tower:
-        recall = query_tower["recall@5"]
+        held_out = query_tower["recall@5"]
         kept = "the fine-tuned one" if query_tower["kept"] == "fine-tuned" else "the start's, fine-tuning's set aside"
         doc.paragraph(
             f"Query tower after fine-tuning: **{kept}**: recall@5 on the same {query_tower['questions']} held-out "
-            f"questions, fine-tuned {recall['fine-tuned']:.2f} vs start {recall['start']:.2f}; the fine-tuned tower "
+            f"questions, fine-tuned {held_out['fine-tuned']:.2f} vs start {held_out['start']:.2f}; the fine-tuned tower "
             "is kept only when it is higher."
         )
 
@@ -331,7 +333,7 @@ def write_report(
     _stages(doc, records, plan)
     _curves(doc, run_dir, records)
     if "qa_start" in r:
-        _qa_start(doc, r["qa_start"], r.get("qa", {}).get("query_tower"))
+        _qa_start(doc, r)
     if "eval" in r:
         _qa_tables(doc, r, plan)
     if has_ablations:
@@ -345,7 +347,7 @@ def write_report(
     results.paragraph(f"Command: `{command}`. Written {time.strftime('%Y-%m-%d')} from the run's own records." + status)
     _configuration(results, r, plan)
     if "qa_start" in r:
-        _qa_start(results, r["qa_start"], r.get("qa", {}).get("query_tower"))
+        _qa_start(results, r)
     if "eval" in r:
         _qa_tables(results, r, plan)
     if has_ablations:

@@ -167,9 +167,8 @@ def choose_qa_start(
     folder, the retriever folder), in stage order; a tie goes to the later stage) on the training `questions`
     fine-tuning holds out (split_training_questions); the dev questions stay for the report. `fixed`: that label
     whatever the recall (still measured). `reader`: the label of the reader start, recorded beside it."""
-    sample = list(questions)
     recall = {
-        label: zero_shot_recall(*folders, sample, (5,), preset)["recall@5"] for label, folders in retrievers.items()
+        label: zero_shot_recall(*folders, questions, (5,), preset)["recall@5"] for label, folders in retrievers.items()
     }
     best = fixed or max(reversed(list(recall)), key=recall.__getitem__)  # reversed: a tie goes to the later stage
     return {
@@ -177,7 +176,7 @@ def choose_qa_start(
         "reader": reader,
         "fixed": fixed is not None,
         "recall@5": recall,
-        "questions": len(sample),
+        "questions": len(questions),
     }
 
 
