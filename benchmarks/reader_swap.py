@@ -43,22 +43,25 @@ def main() -> None:
     dtype = getattr(torch, stored["compute_dtype"])
     plan = plan_pipeline(
         costed_for(get_preset(basis["preset"]), dtype), Workload(**basis["workload"]), basis["budget_minutes"],
-        stored["scale"],
+        stored["scale"], sized=Workload(**stored.get("work", basis["workload"])),
     )  # fmt: skip
     if plan.preset.to_dict() != stored["preset"]:
         raise SystemExit(f"realm: error: {run / 'plan.json'}: this version plans another preset than the run used")
     out = Path(args.out)
+    train, held_out = stage_work.split_training_questions(load_qa(args.qa_train))
+    dev = load_qa(args.qa_dev)
     result = stage_work.finetune(
         run / args.retriever,
         run / args.index,
         run / args.reader,
-        load_qa(args.qa_train),
-        load_qa(args.qa_dev),
+        train,
+        held_out,
+        dev,
         plan.preset,
         out,
         resume=out.exists(),
         progress=False,
-        evaluate=True,
+        evaluated=dev,
     )
     write_json_atomic(out / "result.json", result)
     dense = result["dense"]

@@ -208,3 +208,20 @@ def test_qa_loss_matches_the_fp32_reference(minilm, tiny_corpus, reference_encod
     bm25 = torch.rand(2, 6, generator=torch.Generator().manual_seed(1)) * 10  # the hybrid's BM25 term
     batch = QABatch(query, beam * 4, bm25, torch.ones(2, 6, dtype=torch.bool), beam_answer, reader, match)
     check(fast_and_reference(model, (batch,), reference_encoder))
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))],
+)
+def test_the_seed_decides_dropout_after_a_fresh_model_on_every_device(device: str) -> None:
+    """A recipe seeds, then loads models with fresh heads (fresh_weights): dropout must follow the recipe's seed,
+    on CUDA too (torch.manual_seed inside fresh_weights used to leave every CUDA device at the head's seed)."""
+
+    def dropout_mask(seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        random_bert(TINY_SHAPE, 100, seed=7)
+        return torch.nn.functional.dropout(torch.ones(4096, device=device), 0.5).cpu()
+
+    assert torch.equal(dropout_mask(0), dropout_mask(0))
+    assert not torch.equal(dropout_mask(0), dropout_mask(1))

@@ -13,12 +13,7 @@ from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
 
 from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, StageCosts, get_preset
 from realm.index.mips import read_meta
-from realm.pipeline.calibrate import (
-    FINAL_SECONDS,
-    SCORED_SPANS_MAX,
-    SCORED_SPANS_PER_BLOCK,
-    SPAN_IN_RETRIEVAL_STEPS,
-)
+from realm.pipeline.calibrate import FINAL_SECONDS
 from realm.pipeline.plan import (
     READER_WARMUP_STEPS,
     PipelineOptions,
@@ -30,6 +25,7 @@ from realm.pipeline.plan import (
 )
 from realm.pipeline.run import Pipeline
 from realm.pipeline.stages import STAGES, Stages, describe_input
+from realm.pipeline.work import EXAMPLE_POOL
 
 
 def test_budget_scales_every_training_stage_to_fit():
@@ -323,6 +319,7 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     assert gain in (run / "realm" / "README.md").read_text()  # the REALM model's card holds what the report says
     evaluation = json.loads((run / STAGES / "eval.json").read_text())["result"]
     assert set(evaluation) == {
+        "questions",
         "dense",
         "bm25",
         "hybrid",
@@ -437,7 +434,9 @@ def test_a_budget_is_planned_from_costs_measured_here_and_a_rerun_keeps_its_plan
     assert stages["ict"].step_seconds == measured["ict_step"]
     assert stages["qa"].step_seconds == measured["qa_step"]
     assert measured["qa_systems_question"] > measured["qa_question"]  # the three systems, the first one's included
-    assert stages["eval"].fixed_seconds == pytest.approx(work.qa_dev * measured["qa_systems_question"])
+    # the sample of dev questions the plan sized, with three systems; zero-shot recall of each retriever on all
+    evaluated, recall = plan.work.evaluated, 3 * work.qa_dev * measured["recall_question"]  # off-the-shelf, ICT, REALM
+    assert stages["eval"].fixed_seconds == pytest.approx(evaluated * measured["qa_systems_question"] + recall)
     # the query tower alone is what the fixed document tower's retrieval steps run
     null = plan.preset.pretrain.null_warmup_steps
     expected = (
@@ -445,15 +444,14 @@ def test_a_budget_is_planned_from_costs_measured_here_and_a_rerun_keeps_its_plan
         + (plan.preset.pretrain.steps - null) * measured["retrieval_pretrain_step"]
     )
     assert stages["realm"].steps * stages["realm"].step_seconds == pytest.approx(expected, rel=1e-6)
-    assert stages["realm"].fixed_seconds == pytest.approx(
-        work.blocks / measured["tag_blocks_per_second"] + work.blocks / measured["embed_blocks_per_second"]
-    )
-    # what follows training: the report's scoring grows with the corpus (its held-out spans), at the measured pace
-    spans = SCORED_SPANS_PER_BLOCK * measured["corpus_blocks"]
-    assert measured["corpus_blocks"] == work.blocks and spans < SCORED_SPANS_MAX
-    scoring = spans * SPAN_IN_RETRIEVAL_STEPS * measured["retrieval_pretrain_step"]
+    tagging, embedding = (work.blocks / measured[k] for k in ("tag_blocks_per_second", "embed_blocks_per_second"))
+    assert stages["realm"].fixed_seconds == pytest.approx(tagging + embedding + measured["pretrain_startup"])
+    assert all(measured[k] >= 0 for k in ("ict_startup", "pretrain_startup", "qa_startup"))
+    # what follows training: the held-out sentences the plan sized and the worked examples' pool, at the measured pace
+    scored = (EXAMPLE_POOL + plan.work.scored_sentences) * measured["scored_sentence"]
+    assert measured["scored_sentence"] > 0 and stages["examples"].fixed_seconds == pytest.approx(scored)
     assert "baseline_index" not in stages
-    assert plan.preset.costs.fixed_seconds == pytest.approx(FINAL_SECONDS + scoring)
+    assert plan.preset.costs.fixed_seconds == pytest.approx(FINAL_SECONDS)
     spent = sum(
         json.loads((tiny_run.run_dir / STAGES / f"{s}.json").read_text())["seconds"]
         for s in ("corpus", "warm_start", "baseline_index", "calibration")

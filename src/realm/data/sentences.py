@@ -191,6 +191,18 @@ class SentenceSet:
         )
         return kept
 
+    def sample(self, size: int, seed: int = 0) -> SentenceSet:
+        """`size` sentences drawn at random with `seed` (all where there are no more), in order: a scored sample
+        spread over every held-out document, not the first in corpus order."""
+        if size >= len(self.texts):
+            return self
+        rows = sorted(np.random.default_rng(seed).choice(len(self.texts), size=size, replace=False).tolist())
+        kept = copy.copy(self)
+        kept.doc_ids, kept.texts, kept.spans = (
+            [values[i] for i in rows] for values in (self.doc_ids, self.texts, self.spans)
+        )
+        return kept
+
     def with_recoverable_spans(self, finder: SpanFinder) -> SentenceSet:
         """Each sentence's salient spans reduced to those a block of another document holds (data/recoverable.py),
         i.e. the spans retrieval could give back; a sentence may be left with none."""

@@ -68,7 +68,9 @@ def fresh_weights(seed: int) -> Iterator[None]:
     """Weights created inside come from `seed`, and the caller's random state is as it was afterwards: a fresh head
     is the same on every run, while `--seed` (set by the recipe, per rank) still decides dropout and data order."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        # the CPU generator alone, where weights are made: torch.manual_seed would also (lazily) seed every CUDA
+        # device, which fork_rng(devices=[]) does not restore, so CUDA dropout would follow this seed, not `--seed`
+        torch.default_generator.manual_seed(seed)
         yield
 
 

@@ -3,9 +3,12 @@ and evaluation, run by the recipes themselves on a sample of the run's own corpu
 the run trains in. The plan (pipeline/plan.py) sizes every stage from these figures; the preset's `StageCosts`
 constants stay only the fallback where the run's data is too small to calibrate on.
 
-A trainer's step time is read from its metrics log (one row a step, each with its wall time): the mean over
-`TIMED_STEPS` steps after `UNTIMED_STEPS` (allocation, kernel selection). The last QA step also scores the dev
-sample and saves the best model, so it is not timed either.
+A trainer's step time is read from its metrics log (one row a step, each with its wall time, taken after the
+step's loss is read back, so a GPU's queue is drained): the mean over the timed steps after `UNTIMED_STEPS`
+(allocation, kernel selection); on a GPU, whose steps take tens of milliseconds, enough of them to fill about
+TIMED_SECONDS. The last QA step also scores the dev sample and saves the best model, so it is not timed either.
+Evaluation is timed after a first untimed batch. A trainer's start (model loads, a hybrid run's BM25 index, the
+first step's allocations) is timed from its call to its first step, less one step.
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ from realm.common.io import write_json_atomic
 from realm.config import Preset, StageCosts
 from realm.data.blocks import META, BlockStore, Fingerprint, write_blocks
 from realm.data.qa_examples import QAExample
-from realm.data.sentences import build_sentences, tag_salient_spans
+from realm.data.sentences import SentenceSet, build_sentences, tag_salient_spans
 from realm.eval.answerer import load_answerers
+from realm.eval.mlm import masked_span_accuracy
 from realm.eval.qa import evaluate_qa
 from realm.index.build import build_from_retriever
+from realm.index.mips import MipsIndex
+from realm.index.search import open_searcher, search_all
 from realm.models.retriever import Retriever
-from realm.pipeline.work import SYSTEMS
+from realm.pipeline.work import SYSTEMS, held_out_scoring
 from realm.recipes.finetune_qa import BEST, train_qa
 from realm.recipes.ict import train_ict
 from realm.recipes.pretrain import train_pretrain
@@ -41,14 +47,18 @@ log = logging.getLogger(__name__)
 SAMPLE_BLOCKS = 384  # corpus blocks the trainers, the tagger and the embedder run on
 SAMPLE_QUESTIONS = 32  # dev questions scored to cost evaluation
 UNTIMED_STEPS = 2
-TIMED_STEPS = 6
+TIMED_STEPS = 6  # on a CPU: 6-40 s of steps
+TIMED_STEPS_CUDA = 40  # a 60 ms step: 2.4 s timed, so a step is known to a few percent
 NEVER = 10**9  # no checkpoint inside the timed steps
-# Not timed here: what follows training. The report scores every salient span of up to 1,000 held-out sentences,
-# about 0.22 a corpus block, each in about 1/20 of a retrieval step's time (README run, fp32: 2,787 spans of 12,911
-# blocks in 6.75 min with 2.62 s steps); the rest (model loads, the worked examples' pool, the report) is
-# FINAL_SECONDS. The process start, the corpus and the warm start are measured stages, counted before planning.
+SCORED_SAMPLE = 24  # held-out sentences of the sample scored to cost the held-out scoring
+# Not timed here: the report and the process end. The process start, the corpus and the warm start are measured
+# stages, counted before planning.
 FINAL_SECONDS = 40.0
-SCORED_SPANS_PER_BLOCK, SCORED_SPANS_MAX, SPAN_IN_RETRIEVAL_STEPS = 0.22, 2_850, 0.05
+
+
+def timed_steps() -> int:
+    """How many steps of each trainer are timed on this machine's device."""
+    return TIMED_STEPS_CUDA if default_device().type == "cuda" else TIMED_STEPS
 
 
 def calibration_settings(preset: Preset) -> dict:
@@ -58,7 +68,7 @@ def calibration_settings(preset: Preset) -> dict:
     return {
         "preset": {k: v for k, v in preset.to_dict().items() if k not in ("costs", "fp32_costs")},
         "dtype": str(preset.compute_dtype(default_device())),
-        "sample": [SAMPLE_BLOCKS, SAMPLE_QUESTIONS, UNTIMED_STEPS, TIMED_STEPS],
+        "sample": [SAMPLE_BLOCKS, SAMPLE_QUESTIONS, UNTIMED_STEPS, timed_steps(), SCORED_SAMPLE],
     }
 
 
@@ -95,6 +105,12 @@ def _timed(work) -> float:
     return time.perf_counter() - began
 
 
+def startup_seconds(trainer: Path, called: float) -> float:
+    """Seconds from a trainer's call (wall time `called`) to its first logged step, less one step."""
+    rows = read_metrics(trainer)
+    return max(0.0, rows[0]["time"] - called - step_seconds(trainer, UNTIMED_STEPS, rows[-1]["step"] - 1))
+
+
 def calibrate(
     corpus: Path,
     warm_start: Path,
@@ -114,7 +130,7 @@ def calibrate(
     store = sample_corpus(BlockStore(corpus), folder / "corpus", SAMPLE_BLOCKS)
     measured: dict[str, float] = {"blocks": len(store), "corpus_blocks": len(BlockStore(corpus))}
     if preset.ict.steps:  # 0: the run has no ICT stage
-        measured["ict_step"] = _time_ict(store, warm_start, folder / "ict", preset)
+        measured |= _time_ict(store, warm_start, folder / "ict", preset)
     tag_salient_spans([], progress=False)  # the tagger's import, outside the timing
     measured["tag_blocks_per_second"] = len(store) / _timed(lambda: build_sentences(store, progress=False))
     retriever = Retriever.load(str(warm_start / "retriever"), preset.retriever)
@@ -124,6 +140,7 @@ def calibrate(
     )
     measured["embed_blocks_per_second"] = len(store) / embedding
     measured |= _time_pretrain(store, warm_start, folder / "realm", preset)
+    measured |= _time_scoring(store, folder / "realm", preset)
     if qa is not None:
         measured |= _time_qa(*qa, warm_start, folder / "qa", preset)
     for heavy in ("ict", "realm", "qa"):
@@ -133,15 +150,14 @@ def calibrate(
     return {"costs": asdict(measured_costs(preset, measured, dtype)), "measured": measured}
 
 
-STEPS = UNTIMED_STEPS + TIMED_STEPS  # each timed trainer's steps
+def _time_ict(store: BlockStore, warm_start: Path, out: Path, preset: Preset) -> dict[str, float]:
+    """Seconds an ICT step, and its start."""
 
-
-def _time_ict(store: BlockStore, warm_start: Path, out: Path, preset: Preset) -> float:
-    """Seconds an ICT step."""
-
-    ict = dataclasses.replace(preset.ict, steps=STEPS, warmup_steps=1, checkpoint_every=NEVER, log_every=1)
+    steps = UNTIMED_STEPS + timed_steps()
+    ict = dataclasses.replace(preset.ict, steps=steps, warmup_steps=1, checkpoint_every=NEVER, log_every=1)
+    called = time.time()
     train_ict(store.folder, out, str(warm_start / "retriever"), dataclasses.replace(preset, ict=ict), progress=False)
-    return step_seconds(out, UNTIMED_STEPS, STEPS)
+    return {"ict_step": step_seconds(out, UNTIMED_STEPS, steps), "ict_startup": startup_seconds(out, called)}
 
 
 def _time_pretrain(store: BlockStore, warm_start: Path, out: Path, preset: Preset) -> dict[str, float]:
@@ -149,26 +165,46 @@ def _time_pretrain(store: BlockStore, warm_start: Path, out: Path, preset: Prese
     index the caller built in out/index)."""
 
     retrieval = preset.pretrain.num_candidates > 1
+    steps = UNTIMED_STEPS + timed_steps()
     # the holder warm-up reads one block where another document holds the span, which the sample rarely has: its
     # cost is the context warm-up's (one block for every sentence), an upper bound
     reading = "context" if preset.pretrain.reader_warmup == "holder" else preset.pretrain.reader_warmup
     pretrain = dataclasses.replace(
         preset.pretrain,
         reader_warmup=reading,
-        steps=2 * STEPS if retrieval else STEPS,
-        null_warmup_steps=STEPS if retrieval else 0,
-        retriever_frozen_steps=STEPS if retrieval else 0,
+        steps=2 * steps if retrieval else steps,
+        null_warmup_steps=steps if retrieval else 0,
+        retriever_frozen_steps=steps if retrieval else 0,
         refresh_every=0,  # a retrieval step without the index builder: its share is costed by the preset's ratio
         warmup_steps=1,
         checkpoint_every=NEVER,
         log_every=1,
     )
     timed = dataclasses.replace(preset, pretrain=pretrain)
+    called = time.time()
     train_pretrain(store.folder, out, str(warm_start / "retriever"), str(warm_start / "reader"), timed, progress=False)
-    measured = {"null_pretrain_step": step_seconds(out, UNTIMED_STEPS, STEPS)}
+    measured = {"null_pretrain_step": step_seconds(out, UNTIMED_STEPS, steps)}
+    measured["pretrain_startup"] = max(0.0, read_metrics(out)[0]["time"] - called - measured["null_pretrain_step"])
     if retrieval:
-        measured["retrieval_pretrain_step"] = step_seconds(out, STEPS + UNTIMED_STEPS, 2 * STEPS)
+        measured["retrieval_pretrain_step"] = step_seconds(out, steps + UNTIMED_STEPS, 2 * steps)
     return measured
+
+
+def _time_scoring(store: BlockStore, realm_run: Path, preset: Preset) -> dict[str, float]:
+    """Seconds a held-out sentence is scored with and without retrieval, each of its salient spans in turn, by the
+    model the timed pretraining saved, over its index (none: the sample holds too few held-out sentences)."""
+
+    model, held_out, store, index, finder = held_out_scoring(store.folder, realm_run, preset)
+    if len(held_out) < 4:
+        return {}
+    k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
+    sample = held_out.sample(min(SCORED_SAMPLE, len(held_out) - 2))  # after two untimed ones
+
+    def score(sentences: SentenceSet) -> None:
+        masked_span_accuracy(model, sentences, store, index, k, tokens, masks, finder=finder, every_span=True)
+
+    score(held_out.sample(2, seed=1))
+    return {"scored_sentence": _timed(lambda: score(sample)) / len(sample)}
 
 
 def _time_qa(
@@ -184,23 +220,34 @@ def _time_qa(
     batch = preset.qa.batch_size
     if len(qa_train) < batch:
         raise ValueError(f"{len(qa_train)} training questions: fewer than one batch of {batch}")
-    picked = np.random.default_rng(0).choice(len(qa_train), size=(STEPS + 1) * batch)
+    steps = UNTIMED_STEPS + timed_steps()
+    picked = np.random.default_rng(0).choice(len(qa_train), size=(steps + 1) * batch)
     train = [qa_train[i] for i in picked]  # one epoch of steps + 1 steps: the last scores the dev sample
     dev = list(qa_dev)[:SAMPLE_QUESTIONS]
     tuned = dataclasses.replace(
         preset,
         qa=dataclasses.replace(preset.qa, steps=None, epochs=1, dev_limit=1, checkpoint_every=NEVER, log_every=1),
     )
+    called = time.time()
     best = train_qa(str(warm_start), qa_index, train, dev, out, tuned, progress=False)
-    measured = {"qa_step": step_seconds(out, UNTIMED_STEPS, STEPS)}
-    # first what dev scoring in fine-tuning reads with, alone; then the evaluation's other systems, sharing its reads
+    measured = {"qa_step": step_seconds(out, UNTIMED_STEPS, steps), "qa_startup": startup_seconds(out, called)}
+    # first what dev scoring in fine-tuning reads with, alone; then the evaluation's other systems, sharing its reads;
+    # each after an untimed batch (a first search and read allocate, load and select kernels)
     first = preset.qa.retriever
     answerers = load_answerers(str(best), qa_index, tuned, [first, *(s for s in SYSTEMS if s != first)])
+    untimed = list(qa_train[: min(8, len(qa_train))])
+    for answerer in answerers.values():
+        evaluate_qa(answerer, untimed, (1, 5, 20))
     seconds = [
         _timed(lambda answerer=answerer: evaluate_qa(answerer, dev, (1, 5, 20))) for answerer in answerers.values()
     ]
     measured["qa_question"] = seconds[0] / len(dev)
     measured["qa_systems_question"] = sum(seconds) / len(dev)
+    retriever = Retriever.load(str(best / "retriever"), MipsIndex(qa_index).retriever_config(preset.retriever))
+    searcher = open_searcher(MipsIndex(qa_index), "dense", retriever)
+    questions = [e.question for e in dev]
+    search_all(searcher, questions[:4], 5)
+    measured["recall_question"] = _timed(lambda: search_all(searcher, questions, 20)) / len(dev)
     shutil.rmtree(out / BEST)
     return measured
 
@@ -212,12 +259,11 @@ def measured_costs(preset: Preset, measured: dict[str, float], dtype: str) -> St
     measured_kind = "query_tower_pretrain_step" if preset.pretrain.doc_tower == "fixed" else "frozen_pretrain_step"
     retrieval_step = measured.get("retrieval_pretrain_step", getattr(base, measured_kind))
     ratio = retrieval_step / getattr(base, measured_kind)
-    spans = min(SCORED_SPANS_MAX, SCORED_SPANS_PER_BLOCK * measured.get("corpus_blocks", SCORED_SPANS_MAX))
     kinds = ("pretrain_step", "frozen_pretrain_step", "query_tower_pretrain_step")
     return dataclasses.replace(
         base,
         source=f"the costs measured on this machine in {dtype}",
-        fixed_seconds=FINAL_SECONDS + spans * SPAN_IN_RETRIEVAL_STEPS * retrieval_step,
+        fixed_seconds=FINAL_SECONDS,
         **{kind: getattr(base, kind) * ratio for kind in kinds},
         **{k: v for k, v in measured.items() if k in {f.name for f in dataclasses.fields(StageCosts)}},
     )

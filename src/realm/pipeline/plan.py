@@ -1,13 +1,18 @@
-"""How long each pipeline stage may run: one scale for every training stage, so the whole run fits a budget.
+"""How long each pipeline stage may run: training first, then what measures it, so the whole run fits a budget.
 
 The cost of a stage is estimated from `StageCosts`: measured on this machine, on the run's own data, just before
 planning (pipeline/calibrate.py), or where that cannot run the preset's constants (its `fp32_costs` where the
 trainers compute in fp32, on a CPU without bf16 matmul). What the run spent before planning (corpus, warm start,
-off-the-shelf index, calibration), embedding, tagging and evaluation are fixed costs; the training steps of ICT,
-REALM pretraining and QA fine-tuning share what is left, all cut (or stretched) by the same factor, so the relative
-lengths of the stages stay those of the preset. Schedules that count steps (warmup, the retriever freeze, the
-refresh interval, checkpoints) scale with them. Each training stage takes its factor as it begins, at the pace the
-run has kept (`paced_scale`).
+off-the-shelf index, calibration), embedding, tagging and the trainers' starts are fixed costs. Of the rest, the
+training steps come first: at least TRAINING_SHARE of the budget, unless measuring everything fits beside it.
+The evaluation (dev questions answered) and the held-out masked-LM scoring (held-out sentences scored) are then
+sized to what is left, as seeded samples whose interval the report gives (`Workload.eval_questions`,
+`Workload.scored_sentences`). The training steps of ICT, REALM pretraining and QA fine-tuning are all cut (or
+stretched) by the same factor, so the relative lengths of the stages stay those of the preset; schedules that count
+steps (warmup, the retriever freeze, the refresh interval, checkpoints) scale with them. A budget that leaves QA
+fine-tuning fewer than QA_MIN_STEPS is refused before training, naming the budget this machine needs. Each training
+stage takes its factor as it begins, at the pace the run has kept (`paced_scale`): training steps and the rest are
+paced apart, each within PACE_BOUND.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from realm.common.io import write_json_atomic
 from realm.config import Preset, PretrainConfig, StageCosts
 from realm.data.sources import VITAL_ARTICLES
 from realm.pipeline.ablations import ablation_variants
+from realm.pipeline.work import EXAMPLE_POOL
 from realm.recipes.warmup import OWN_BLOCK_READINGS
 
 MIN_TRAINING_STEPS = 2
@@ -33,6 +39,17 @@ MIN_TRAINING_STEPS = 2
 # retrieval gained on held-out sentences after about 1,000 (docs/results.md, twelfth part)
 READER_WARMUP_STEPS = 1000
 BUDGET_SLACK = 1.1  # a plan may overrun its budget by this factor when the step counts hit their minimum
+# Training first: at least this share of the budget goes to training steps; evaluation and held-out scoring are
+# sampled to fit what is left (down to their minimum samples)
+TRAINING_SHARE = 0.6
+# Fewer QA steps than this and the reader has not learned to read: SQuAD-open dev hybrid EM 2.3-2.5 after 15-16
+# steps, 46.3 after 487, 50.9 after 823 (docs/results.md: seventeenth part, issue 29's 50-minute run, issue 57)
+QA_MIN_STEPS = 100
+SCORED_SENTENCES = 1000  # held-out sentences scored when the budget affords them all
+MIN_EVAL_QUESTIONS = 300  # the smallest dev sample: EM +-5.6 points at 50%
+MIN_SCORED_SENTENCES = 300
+PACE_BOUND = 1.5  # the run's pace corrects an estimate by at most this factor either way
+HELD_OUT_RETRIEVERS = 2  # recall on the held-out training questions: the off-the-shelf and REALM retrievers
 
 
 @dataclass(frozen=True)
@@ -43,10 +60,28 @@ class Workload:
     qa_train: int = 0  # 0: no QA fine-tuning or evaluation
     qa_dev: int = 0
     ablations: bool = False  # two more pretraining runs, three more fine-tunings and evaluations
+    qa_held_out: int = 0  # training questions held out of fine-tuning to choose retrievers on
+    # what the plan sizes: the dev questions evaluated (None: all) and the held-out sentences scored
+    eval_questions: int | None = None
+    scored_sentences: int = SCORED_SENTENCES
 
     def __post_init__(self) -> None:
         if self.ablations and not self.qa_train:
             raise ValueError("the ablations compare exact match: they need QA training and dev questions")
+
+    @property
+    def evaluated(self) -> int:
+        """Dev questions the evaluation answers."""
+        return self.qa_dev if self.eval_questions is None else min(self.eval_questions, self.qa_dev)
+
+    def measured(self, share: float) -> Workload:
+        """The workload with `share` (0: the least, 1: all) of the dev questions and held-out sentences measured."""
+        least_q, least_s = min(self.qa_dev, MIN_EVAL_QUESTIONS), min(SCORED_SENTENCES, MIN_SCORED_SENTENCES)
+        questions = round(least_q + share * (self.qa_dev - least_q))
+        sentences = round(least_s + share * (SCORED_SENTENCES - least_s))
+        return dataclasses.replace(
+            self, eval_questions=None if questions >= self.qa_dev else questions, scored_sentences=sentences
+        )
 
 
 @dataclass(frozen=True)
@@ -67,6 +102,7 @@ class PipelinePlan:
     scale: float  # training steps relative to the preset
     preset: Preset  # the preset with its step counts scaled, and the stage costs it was sized with
     stages: tuple[StageEstimate, ...]
+    work: Workload  # with the evaluation and the held-out scoring sized
     spent_seconds: float = 0.0  # before planning: corpus, warm start, off-the-shelf index, calibration
     # the estimate of a plan whose own-block reader warm-up reaches READER_WARMUP_STEPS, where this one's stops short
     reading_minutes: float | None = None
@@ -75,12 +111,22 @@ class PipelinePlan:
     def estimated_minutes(self) -> float:
         return (self.spent_seconds + self.preset.costs.fixed_seconds + sum(s.seconds for s in self.stages)) / 60
 
+    @property
+    def training_minutes(self) -> float:
+        """The estimated minutes of training steps (what TRAINING_SHARE counts)."""
+        return sum(s.steps * s.step_seconds for s in self.stages) / 60
+
     def describe(self) -> str:
-        p, budget = self.preset, self.budget_minutes
+        p, budget, w = self.preset, self.budget_minutes, self.work
         fits = f" for a budget of {budget:g} min (training steps x{self.scale:.2f})" if budget else ""
         qa = f", QA {p.qa.steps} steps" if p.qa.steps else ""
         ict = f"ICT {p.ict.steps} steps" if p.ict.steps else "no ICT"
         steps = f"{ict}, REALM {p.pretrain.steps} steps{qa}"
+        share = f" ({100 * self.training_minutes / budget:.0f}% of the budget)" if budget else ""
+        measured = f"; {self.training_minutes:.0f} min of training steps{share}, then "
+        if w.qa_dev:
+            measured += f"EM over {w.evaluated:,} of {w.qa_dev:,} dev questions and "
+        measured += f"{w.scored_sentences:,} held-out sentences scored"
         short = (
             f"; REALM's reader warm-up gets {p.pretrain.null_warmup_steps:,} of the {READER_WARMUP_STEPS:,} steps after "
             f"which retrieval helped in docs/results.md (twelfth part): a budget of about "
@@ -88,15 +134,19 @@ class PipelinePlan:
             if self.reading_minutes is not None
             else ""
         )
-        return f"{self.estimated_minutes:.0f} min estimated with {p.costs.source}{fits}; {steps}{short}"
+        return f"{self.estimated_minutes:.0f} min estimated with {p.costs.source}{fits}; {steps}{measured}{short}"
 
     def to_dict(self) -> dict:
         return {
             "budget_minutes": self.budget_minutes,
             "scale": self.scale,
             "estimated_minutes": self.estimated_minutes,
+            "training_minutes": self.training_minutes,
+            "training_share_rule": f"at least {TRAINING_SHARE:.0%} of the budget in training steps, unless all "
+            "the measurement fits beside them; evaluation and held-out scoring sampled to fit the rest",
             "spent_seconds": self.spent_seconds,
             "reading_minutes": self.reading_minutes,
+            "work": dataclasses.asdict(self.work),
             "costs": dataclasses.asdict(self.preset.costs),
             "stages": [{**dataclasses.asdict(s), "seconds": s.seconds} for s in self.stages],
         }
@@ -162,11 +212,12 @@ def qa_scoring_seconds(preset: Preset, work: Workload, steps: int) -> float:
 
 
 def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
-    """Per-stage estimates for `preset` as it stands."""
+    """Per-stage estimates for `preset` as it stands, every stage after the plan."""
     c = preset.costs
     embed = work.blocks / c.embed_blocks_per_second
     qa_steps = preset.qa.total_steps(work.qa_train) if work.qa_train else 0
     scoring = qa_scoring_seconds(preset, work, qa_steps) if work.qa_train else 0.0
+    held_out = work.qa_held_out * c.recall_question  # one retriever's recall on the held-out training questions
     pretrain_steps = preset.pretrain.steps
     # An index whose document tower already built one in the run copies its embeddings (pipeline/work.py:
     # run_indexes). REALM's first index is its start's: ICT's, embedded by the REALM stage, or without ICT the warm
@@ -174,30 +225,34 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     # are copies of the first.
     first_index = 0.0 if not preset.ict.steps and work.qa_train else embed
     reembed = 0.0 if preset.pretrain.doc_tower == "fixed" else embed
-    stages = [StageEstimate("ict", preset.ict.steps, c.ict_step, 0.0)] if preset.ict.steps else []
-    stages += [
-        StageEstimate(
-            "realm",
-            pretrain_steps,
-            pretrain_step_seconds(preset.pretrain, c),
-            (work.blocks / c.tag_blocks_per_second) + first_index,
-        ),
-    ]
+    stages = [StageEstimate("ict", preset.ict.steps, c.ict_step, c.ict_startup)] if preset.ict.steps else []
+    tagging = work.blocks / c.tag_blocks_per_second
+    realm_step = pretrain_step_seconds(preset.pretrain, c)
+    stages += [StageEstimate("realm", pretrain_steps, realm_step, tagging + first_index + c.pretrain_startup)]
+    qa_fixed = scoring + c.qa_startup + HELD_OUT_RETRIEVERS * held_out  # keep_query_tower: two recalls
     if work.qa_train:
         stages += [StageEstimate("ict_index", 0, 0.0, reembed)] if preset.ict.steps else []
         stages += [StageEstimate("realm_index", 0, 0.0, reembed)]
+        retrievers = HELD_OUT_RETRIEVERS + (1 if preset.ict.steps else 0)
         stages += [
-            StageEstimate("qa", qa_steps, c.qa_step, scoring),
-            StageEstimate("eval", 0, 0.0, work.qa_dev * c.qa_systems_question),
+            StageEstimate("qa_start", 0, 0.0, retrievers * held_out),
+            StageEstimate("qa", qa_steps, c.qa_step, qa_fixed),
+            # the fine-tuned model with three retrievers on the sample; zero-shot recall of each retriever on all
+            StageEstimate(
+                "eval", 0, 0.0, work.evaluated * c.qa_systems_question + retrievers * work.qa_dev * c.recall_question
+            ),
         ]
+    stages += [StageEstimate("examples", 0, 0.0, (EXAMPLE_POOL + work.scored_sentences) * c.scored_sentence)]
     if work.ablations:
-        stages += [StageEstimate("qa_ict", qa_steps, c.qa_step, scoring + work.qa_dev * c.qa_question)]
+        dense = work.evaluated * c.qa_question  # each ablation's dense evaluation
+        stages += [StageEstimate("qa_ict", qa_steps, c.qa_step, qa_fixed + dense)]
         for variant, changes in ablation_variants(preset.pretrain).items():
             varied = dataclasses.replace(preset.pretrain, **changes)
+            fixed = c.pretrain_startup
             stages += [
-                StageEstimate(f"realm_{variant}", pretrain_steps, pretrain_step_seconds(varied, c), 0.0),
+                StageEstimate(f"realm_{variant}", pretrain_steps, pretrain_step_seconds(varied, c), fixed),
                 StageEstimate(f"realm_{variant}_index", 0, 0.0, 0.0 if varied.doc_tower == "fixed" else embed),
-                StageEstimate(f"qa_{variant}", qa_steps, c.qa_step, scoring + work.qa_dev * c.qa_question),
+                StageEstimate(f"qa_{variant}", qa_steps, c.qa_step, qa_fixed + dense),
             ]
     return stages
 
@@ -208,23 +263,74 @@ def plan_pipeline(
     budget_minutes: float | None,
     scale: float | None = None,
     spent_seconds: float = 0.0,
+    sized: Workload | None = None,
 ) -> PipelinePlan:
     """Scale the preset's step counts so the estimated run fits `budget_minutes` (None: keep them), of which
-    `spent_seconds` are gone. `scale`: the one an earlier plan of this run chose, kept so its finished stages stay
-    valid."""
-    stages = estimate(preset, work)
+    `spent_seconds` are gone, training first (`measurement_sized`). `scale` and `sized`: what an earlier plan of
+    this run chose, kept so its finished stages stay valid. Raises BudgetTooSmall where the budget cannot work."""
     if budget_minutes is None:
-        return PipelinePlan(None, 1.0, preset, tuple(stages), spent_seconds)
-    chosen = _scale_to_fit(preset, work, stages, budget_minutes, spent_seconds) if scale is None else scale
+        return PipelinePlan(None, 1.0, preset, tuple(estimate(preset, work)), work, spent_seconds)
+    sized = sized or measurement_sized(preset, work, budget_minutes * 60, spent_seconds)
+    chosen = _scale_to_fit(preset, sized, budget_minutes, spent_seconds) if scale is None else scale
     scaled = scale_preset(preset, chosen, work.qa_train)
-    reading = _reading_minutes(preset, scaled, work, spent_seconds)
-    plan = PipelinePlan(budget_minutes, chosen, scaled, tuple(estimate(scaled, work)), spent_seconds, reading)
+    reading = _reading_minutes(preset, scaled, sized, spent_seconds)
+    plan = PipelinePlan(budget_minutes, chosen, scaled, tuple(estimate(scaled, sized)), sized, spent_seconds, reading)
     if scale is None and plan.estimated_minutes > budget_minutes * BUDGET_SLACK:  # the minimum step counts do not fit
-        raise ValueError(
+        raise BudgetTooSmall(
             f"a budget of {budget_minutes:g} min is too small: even {MIN_TRAINING_STEPS} steps per "
             f"trainer take about {plan.estimated_minutes:.0f} min on the {_costed(preset)}"
         )
+    if scale is None and work.qa_train and scaled.qa.total_steps(work.qa_train) < QA_MIN_STEPS:
+        needed = needed_minutes(preset, work, spent_seconds, budget_minutes)
+        raise BudgetTooSmall(
+            f"a budget of {budget_minutes:g} min is too small here: it leaves QA fine-tuning {scaled.qa.total_steps(work.qa_train)} steps, "
+            f"fewer than the {QA_MIN_STEPS} a reader needs to learn anything (SQuAD-open EM 2.3 after 16 steps, "
+            f"docs/results.md); on the {_costed(preset)}, this run needs about {needed} min "
+            f"({spent_seconds / 60:.0f} of them already spent on the stages before the plan, which a re-run in the "
+            f"same --run-dir keeps): pass --budget-minutes {needed} or more"
+        )
     return plan
+
+
+class BudgetTooSmall(ValueError):
+    """The budget cannot buy a run worth having on this machine; the message names what it needs."""
+
+
+def needed_minutes(preset: Preset, work: Workload, spent_seconds: float, tried: float) -> int:
+    """The smallest whole budget in minutes (above `tried`) whose plan gives QA fine-tuning QA_MIN_STEPS."""
+
+    def enough(minutes: float) -> bool:
+        try:
+            sized = measurement_sized(preset, work, minutes * 60, spent_seconds)
+            scale = _scale_to_fit(preset, sized, minutes, spent_seconds)
+        except ValueError:
+            return False
+        return scale_preset(preset, scale, work.qa_train).qa.total_steps(work.qa_train) >= QA_MIN_STEPS
+
+    low, high = tried, 2 * tried
+    while not enough(high) and high < 1e6:
+        low, high = high, 2 * high
+    for _ in range(30):
+        middle = (low + high) / 2
+        low, high = (low, middle) if enough(middle) else (middle, high)
+    return math.ceil(high)
+
+
+def measurement_sized(preset: Preset, work: Workload, budget_seconds: float, spent_seconds: float) -> Workload:
+    """Training first: `work` with the largest evaluation and held-out scoring (the same share of each, between
+    their least samples and all) that leave TRAINING_SHARE of the budget to training steps; the least where none
+    does (the steps then get what is left)."""
+
+    def training_room(share: float) -> float:
+        stages = estimate(preset, work.measured(share))
+        fixed = spent_seconds + preset.costs.fixed_seconds + sum(s.fixed_seconds for s in stages)
+        return budget_seconds - fixed - TRAINING_SHARE * budget_seconds
+
+    if training_room(1.0) >= 0:
+        return work.measured(1.0)
+    if training_room(0.0) <= 0:
+        return work.measured(0.0)
+    return work.measured(_largest_fitting(lambda share: training_room(share) >= 0, 0.0, 1.0))
 
 
 def _reading_minutes(preset: Preset, scaled: Preset, work: Workload, spent_seconds: float) -> float | None:
@@ -236,7 +342,7 @@ def _reading_minutes(preset: Preset, scaled: Preset, work: Workload, spent_secon
         return None
     scale = READER_WARMUP_STEPS / warmup
     kept = scale_preset(preset, scale, work.qa_train)
-    return PipelinePlan(None, scale, kept, tuple(estimate(kept, work)), spent_seconds).estimated_minutes
+    return PipelinePlan(None, scale, kept, tuple(estimate(kept, work)), work, spent_seconds).estimated_minutes
 
 
 def plan_run(
@@ -253,8 +359,9 @@ def plan_run(
     costed = costed_for(preset, dtype)
     if calibration is not None:
         costed = dataclasses.replace(costed, costs=StageCosts(**calibration["costs"]))
-    kept = stored["scale"] if stored.get("basis") == basis else None
-    plan = plan_pipeline(costed, work, options.budget_minutes, kept, spent_seconds)
+    same = stored.get("basis") == basis
+    kept, sized = (stored["scale"], Workload(**stored["work"])) if same else (None, None)
+    plan = plan_pipeline(costed, work, options.budget_minutes, kept, spent_seconds, sized)
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()}
     record = {"basis": basis, **plan.to_dict(), "compute_dtype": str(dtype).removeprefix("torch.")}
     record["stage_scales"] = stored.get("stage_scales", {}) if kept is not None else {}  # set as each stage begins
@@ -263,49 +370,99 @@ def plan_run(
     return plan
 
 
+@dataclass(frozen=True)
+class Pace:
+    """How the finished stages since the plan ran against their estimates: their training steps and the rest
+    (starts, embedding, tagging, scoring) apart, each bounded by PACE_BOUND."""
+
+    steps: float = 1.0
+    other: float = 1.0
+
+    def describe(self) -> str:
+        return f"training steps at {self.steps:.2f}x their estimate, the rest at {self.other:.2f}x"
+
+
+MIN_PACED_SECONDS = 30.0  # estimates shorter than this are too short to pace a run by
+
+
+def _bounded(observed: float, estimated: float) -> float:
+    if estimated < MIN_PACED_SECONDS:
+        return 1.0
+    return min(PACE_BOUND, max(1 / PACE_BOUND, observed / estimated))
+
+
+def run_pace(estimates: dict[str, StageEstimate], took: dict[str, float], stepping: dict[str, float]) -> Pace:
+    """The pace of the finished stages in `estimates` (each at the scale it ran with). `took`: every finished
+    stage's seconds; `stepping`: the seconds a finished training stage spent in its steps (from its metrics)."""
+    estimated_steps = observed_steps = estimated_other = observed_other = 0.0
+    for name, e in estimates.items():
+        if name not in took:
+            continue
+        if name in stepping and e.steps:
+            estimated_steps += e.steps * e.step_seconds
+            observed_steps += stepping[name]
+            estimated_other += e.fixed_seconds
+            observed_other += max(0.0, took[name] - stepping[name])
+        else:
+            estimated_other += e.seconds
+            observed_other += took[name]
+    return Pace(_bounded(observed_steps, estimated_steps), _bounded(observed_other, estimated_other))
+
+
 def paced_scale(
-    plan: PipelinePlan, costed: Preset, work: Workload, ran: dict[str, float], took: dict[str, float]
-) -> float:
-    """The scale of the next training stage's steps: what fits the budget left at the pace the run has kept. A
-    machine's speed drifts (a shared host, a long run's heat) further than a minute's calibration can see: the
-    stages finished since the plan took `pace` times their estimate, and every stage left is costed at that pace.
-    `costed`: the preset unscaled, with the plan's costs; `ran`: the scale each planned stage begun ran with;
-    `took`: the seconds of every finished stage, those before the plan too."""
+    plan: PipelinePlan, costed: Preset, ran: dict[str, float], took: dict[str, float], stepping: dict[str, float]
+) -> tuple[float, Pace]:
+    """The scale of the next training stage's steps, and the pace it was sized at: what fits the budget left when
+    every stage left runs at the pace the finished ones kept since the plan. A machine's speed drifts (a shared
+    host, a long run's heat) further than a minute's calibration can see; a stage's start and its steps are paced
+    apart, so a long start-up (a GPU's) is not read as slow steps. Never fewer than QA_MIN_STEPS for QA: a run that
+    fell behind overruns rather than hand back a reader that cannot read. `costed`: the preset unscaled, with the
+    plan's costs; `ran`: the scale each training stage begun ran with; `took`: the seconds of every finished stage,
+    those before the plan too; `stepping`: the seconds each finished training stage spent in steps."""
     assert plan.budget_minutes is not None
+    work = plan.work
 
-    def seconds(scale: float) -> dict[str, float]:
-        return {s.name: s.seconds for s in estimate(scale_preset(costed, scale, work.qa_train), work)}
+    def seconds(scale: float) -> dict[str, StageEstimate]:
+        return {s.name: s for s in estimate(scale_preset(costed, scale, work.qa_train), work)}
 
-    finished = [name for name in ran if name in took]
+    at_plan = seconds(plan.scale)
+    finished = {name: seconds(ran[name])[name] if name in ran else e for name, e in at_plan.items() if name in took}
     if not finished:
-        return plan.scale
-    pace = sum(took[n] for n in finished) / max(1e-9, sum(seconds(ran[n])[n] for n in finished))
+        return plan.scale, Pace()
+    pace = run_pace(finished, took, stepping)
     left = plan.budget_minutes * 60 - sum(took.values())
 
     def needed(scale: float) -> float:
-        rest = sum(v for name, v in seconds(scale).items() if name not in took)
-        return pace * (rest + costed.costs.fixed_seconds)
+        rest = [e for name, e in seconds(scale).items() if name not in took]
+        steps = sum(e.steps * e.step_seconds for e in rest)
+        return pace.steps * steps + pace.other * (sum(e.fixed_seconds for e in rest) + costed.costs.fixed_seconds)
 
     fits, too_long = 0.0, max(plan.scale, 1e-3)
     while needed(too_long) <= left and too_long < 1e3:
         fits, too_long = too_long, 2 * too_long
-    return _largest_fitting(lambda scale: needed(scale) <= left, fits, too_long)
+    scale = _largest_fitting(lambda scale: needed(scale) <= left, fits, too_long)
+    if work.qa_train and "qa" not in took:
+        scale = max(scale, min(plan.scale, QA_MIN_STEPS / costed.qa.total_steps(work.qa_train)))
+    return scale, pace
 
 
 def paced_preset(
-    plan: PipelinePlan, base: Preset, work: Workload, path: Path, stage: str, took: dict[str, float]
-) -> tuple[Preset, float]:
+    plan: PipelinePlan, base: Preset, path: Path, stage: str, took: dict[str, float], stepping: dict[str, float]
+) -> tuple[Preset, float, Pace | None]:
     """The plan's preset (`base` scaled) with the steps of the training stage `stage`, about to begin, sized at the
-    run's pace, and that scale, kept in plan.json (`path`): a re-run trains the same steps."""
+    run's pace, that scale and the pace (None: sized before, kept in plan.json (`path`): a re-run trains the same
+    steps)."""
     if plan.budget_minutes is None:
-        return plan.preset, plan.scale
+        return plan.preset, plan.scale, None
     costed = dataclasses.replace(base, costs=plan.preset.costs)
     stored = json.loads(path.read_text())
     scales = stored["stage_scales"]
+    pace = None
     if stage not in scales:
-        scales[stage] = paced_scale(plan, costed, work, scales, took)
+        scales[stage], pace = paced_scale(plan, costed, scales, took, stepping)
+        stored.setdefault("stage_paces", {})[stage] = dataclasses.asdict(pace)
         write_json_atomic(path, stored)
-    return scale_preset(costed, scales[stage], work.qa_train), scales[stage]
+    return scale_preset(costed, scales[stage], plan.work.qa_train), scales[stage], pace
 
 
 def _costed(preset: Preset) -> str:
@@ -313,16 +470,15 @@ def _costed(preset: Preset) -> str:
     return f"{preset.name} preset, costed with {preset.costs.source}"
 
 
-def _scale_to_fit(
-    preset: Preset, work: Workload, stages: list[StageEstimate], budget_minutes: float, spent_seconds: float
-) -> float:
+def _scale_to_fit(preset: Preset, work: Workload, budget_minutes: float, spent_seconds: float) -> float:
     """The largest factor on every trainer's steps whose plan fits what the fixed costs leave of the budget (some
     grow with the steps: fine-tuning scores the dev questions once an epoch)."""
+    stages = estimate(preset, work)
     fixed = spent_seconds + preset.costs.fixed_seconds + sum(s.fixed_seconds for s in stages)
     training = sum(s.steps * s.step_seconds for s in stages)
     left = budget_minutes * 60 - fixed
     if left <= 0 or training <= 0:
-        raise ValueError(
+        raise BudgetTooSmall(
             f"a budget of {budget_minutes:g} min is too small: embedding, tagging and evaluation "
             f"alone take about {fixed / 60:.0f} min on the {_costed(preset)}"
         )
@@ -330,7 +486,7 @@ def _scale_to_fit(
     def minutes(scale: float) -> float:
         scaled = scale_preset(preset, scale, work.qa_train)
         return PipelinePlan(
-            budget_minutes, scale, scaled, tuple(estimate(scaled, work)), spent_seconds
+            budget_minutes, scale, scaled, tuple(estimate(scaled, work)), work, spent_seconds
         ).estimated_minutes
 
     return _largest_fitting(lambda scale: minutes(scale) <= budget_minutes, 0.0, 2 * left / training)  # over budget

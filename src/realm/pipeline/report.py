@@ -98,17 +98,27 @@ def _sentence_usage(usage: dict | None) -> str | None:
 
 def _stages(doc: ReportDocument, records: dict, plan: PipelinePlan) -> None:
     doc.heading("Stages")
+    if plan.budget_minutes:
+        doc.paragraph(
+            f"Training first: the plan gave training steps {plan.training_minutes:.1f} of the "
+            f"{plan.budget_minutes:g} budgeted minutes ({100 * plan.training_minutes / plan.budget_minutes:.0f}%; the "
+            f"rule: {plan.to_dict()['training_share_rule']}). The stages before the plan (the corpus, the warm "
+            "start, the off-the-shelf index, the calibration) ran before anything could be estimated: their minutes "
+            "count against the budget as they took."
+        )
     estimated = {s.name: s.seconds for s in plan.stages}
     done = [
         [
             name,
-            estimated[name] / 60 if name in estimated else None,
+            f"{estimated[name] / 60:.2f}" if name in estimated else "before the plan",
             f"{record.seconds / 60:.2f}" + (" (resumed: after the cut)" if record.resumed else ""),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(record.finished)),
         ]
         for name, record in records.items()
     ]
-    pending = [[name, seconds / 60, None, "pending"] for name, seconds in estimated.items() if name not in records]
+    pending = [
+        [name, f"{seconds / 60:.2f}", None, "pending"] for name, seconds in estimated.items() if name not in records
+    ]
     doc.table(["stage", "estimated min", "took min", "finished"], done + pending)
 
 
@@ -184,9 +194,9 @@ def _qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     doc.table(["retriever", *ks], rows)
     doc.heading("Open-QA exact match")
     doc.paragraph(
-        f"Fine-tuned with {plan.preset.qa.retriever} retrieval. Exact match with its 95% bootstrap interval over "
-        "the questions, and where the errors are: the answer not in the reader's blocks, in them but the "
-        "prediction shares no word with it, or shares a word but is not exact (percent of all questions)."
+        f"Fine-tuned with {plan.preset.qa.retriever} retrieval. {_evaluated(ev)} Exact match with its 95% bootstrap "
+        "interval over the questions, and where the errors are: the answer not in the reader's blocks, in them but "
+        "the prediction shares no word with it, or shares a word but is not exact (percent of all questions)."
     )
     systems = {label.format(retriever=chosen, tower=tower): ev[kind] for kind, label in SYSTEM_LABELS.items()}
     if "qa_ict" in r:
@@ -227,6 +237,19 @@ def _qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     )
 
 
+def _evaluated(ev: dict) -> str:
+    """Which dev questions the systems answered: all, or the plan's seeded sample, with the interval it implies."""
+    questions = ev.get("questions", {"evaluated": ev["dense"]["questions"], "dev": ev["dense"]["questions"]})
+    low, high = ev["hybrid"]["exact_match_95ci"]
+    if questions["evaluated"] >= questions["dev"]:
+        return f"All {questions['dev']:,} dev questions answered."
+    return (
+        f"EM over {questions['evaluated']:,} of {questions['dev']:,} dev questions (a sample drawn with seed "
+        f"{questions['seed']}, sized by the plan to what the budget left after training), "
+        f"±{(high - low) / 2:.1f} points (the hybrid's 95% interval); recall below is on all of them."
+    )
+
+
 def _examples(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     ex, scored = r["examples"], r["examples"]["with_retrieval"]
     doc.heading("Does retrieval help the language model? (held-out sentences)")
@@ -246,7 +269,13 @@ def _examples(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     doc.paragraph(
         f"Retrieval gain in masked-token accuracy, paired over the same masks: {scored['retrieval_gain']:+.2f} points, "
         f"95% bootstrap interval [{low:+.2f}, {high:+.2f}] over {scored['sentences']} sentences (their "
-        f"{scored['spans']:,} salient spans, each masked in turn)"
+        f"{scored['spans']:,} salient spans, each masked in turn"
+        + (
+            f"; a sample, drawn with a fixed seed, of the {ex['held_out_sentences']:,} held-out sentences with a "
+            "salient span, sized by the plan to what the budget left after training)"
+            if ex.get("scored_sentences", ex["held_out_sentences"]) < ex["held_out_sentences"]
+            else ")"
+        )
         + (" (excludes 0)." if low > 0 or high < 0 else " (includes 0: no clear gain).")
     )
     split = scored.get("by_recoverability")

@@ -32,7 +32,7 @@ from realm.pipeline.ablations import ablation_variants
 from realm.pipeline.calibrate import calibrate, calibration_settings
 from realm.pipeline.plan import PipelineOptions, PipelinePlan, Workload, paced_preset, plan_run
 from realm.pipeline.report import write_report
-from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metrics
+from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metrics, stepping_seconds
 from realm.recipes.finetune_qa import qa_settings
 from realm.recipes.ict import ict_settings, train_ict
 from realm.recipes.pretrain import SENTENCE_USAGE, pretrain_settings, train_pretrain
@@ -158,15 +158,17 @@ class Pipeline:
     ) -> StageRecord:
         """Open-QA fine-tuning over a frozen index (and, for the ablations, dense evaluation on all dev questions)."""
 
+        evaluated = self.dev_sample() if evaluate else None
+
         def work(folder: Path, resume: bool) -> dict:
             data = (self.qa_train, self.qa_held_out, self.qa_dev)
             return stage_work.finetune(
-                model_folder, index_folder, reader, *data, preset, folder, resume, self.options.progress, evaluate
+                model_folder, index_folder, reader, *data, preset, folder, resume, self.options.progress, evaluated
             )
 
         settings = qa_settings(preset) | {
             "after": [r.fingerprint for r in after],
-            "evaluate": evaluate,
+            "evaluate": len(evaluated) if evaluated is not None else False,
             "reader": str(reader) if reader else None,
             "data": [describe_input(str(self.options.qa_train)), describe_input(str(self.options.qa_dev))],
             "held_out": len(self.qa_held_out),
@@ -205,6 +207,7 @@ class Pipeline:
                 index_folder,
                 retrievers,
                 self.qa_dev,
+                self.dev_sample(),
                 preset,
                 folder,
             )
@@ -212,20 +215,29 @@ class Pipeline:
         settings = {
             "after": [qa.fingerprint, *(s.fingerprint for s, _ in zero_shot.values())],
             "systems": stage_work.SYSTEMS,
+            "questions": len(self.dev_sample()),
         }
         return self.stages.run("eval", settings, work)
 
     def examples(self, preset: Preset, realm: StageRecord) -> StageRecord:
         """The paper's Table 3 in miniature, and masked-span accuracy with and without retrieval (held out)."""
 
-        def work(folder: Path, resume: bool) -> dict:
-            return stage_work.pretraining_examples(self.stages.output("corpus"), self.stages.output(realm), preset)
+        assert self.plan is not None
+        sentences = self.plan.work.scored_sentences
 
+        def work(folder: Path, resume: bool) -> dict:
+            corpus = self.stages.output("corpus")
+            return stage_work.pretraining_examples(corpus, self.stages.output(realm), preset, sentences)
+
+        scoring = stage_work.SCORING | {"sentences": sentences}
         return self.stages.run(
-            "examples",
-            {"after": [realm.fingerprint], "pool": stage_work.EXAMPLE_POOL, "scoring": stage_work.SCORING},
-            work,
+            "examples", {"after": [realm.fingerprint], "pool": stage_work.EXAMPLE_POOL, "scoring": scoring}, work
         )
+
+    def dev_sample(self) -> list[QAExample]:
+        """The dev questions evaluation answers: the plan's seeded sample (work.py: dev_sample)."""
+        assert self.plan is not None
+        return stage_work.dev_sample(self.qa_dev, self.plan.work.eval_questions)
 
     def ablations(
         self,
@@ -302,9 +314,15 @@ class Pipeline:
         """The plan's preset with the steps of `stage` sized as it begins (pipeline/plan.py: paced_preset)."""
         assert self.plan is not None
         took = {name: r.seconds for name, r in self.stages.records.items()}
-        preset, scale = paced_preset(self.plan, self.base_preset, self.work, self.run_dir / "plan.json", stage, took)
-        if abs(scale - self.plan.scale) > 0.01 * self.plan.scale:  # a plan at its minimum steps has scale 0
-            self.echo(f"[pipeline] {stage}: steps x{scale:.2f} at the run's pace (planned x{self.plan.scale:.2f})")
+        trained = {s.name for s in self.plan.stages if s.steps} & took.keys()
+        stepping = {name: seconds for name in trained if (seconds := stepping_seconds(self.run_dir / name))}
+        path = self.run_dir / "plan.json"
+        preset, scale, pace = paced_preset(self.plan, self.base_preset, path, stage, took, stepping)
+        if pace is not None and abs(scale - self.plan.scale) > 0.01 * self.plan.scale:  # scale 0: minimum steps
+            self.echo(
+                f"[pipeline] {stage}: steps x{scale:.2f} at the run's pace (planned x{self.plan.scale:.2f}; "
+                f"{pace.describe()})"
+            )
         return preset
 
     def run(self) -> Path:
@@ -319,8 +337,10 @@ class Pipeline:
             else None
         )
         calibration = self.calibration(corpus, warm, warm_index) if self.options.budget_minutes else None
-        self.work = Workload(corpus.result["blocks"], len(self.qa_train), len(self.qa_dev), self.options.ablations)
-        self.plan = self.make_plan(self.work, calibration)
+        work = Workload(
+            corpus.result["blocks"], len(self.qa_train), len(self.qa_dev), self.options.ablations, len(self.qa_held_out)
+        )
+        self.plan = self.make_plan(work, calibration)
         preset = self.plan.preset
         self.echo(f"[pipeline] plan: {self.plan.describe()}")
         start = self.ict(self.paced("ict"), warm, corpus) if preset.ict.steps else warm

@@ -123,3 +123,20 @@ def last_metrics(folder: Path, window: int = 20) -> dict[str, float]:
     keys = {k for row in tail for k, v in row.items() if isinstance(v, (int, float)) and k not in ("step", "time")}
     out = {k: sum(row[k] for row in tail if k in row) / sum(1 for row in tail if k in row) for k in sorted(keys)}
     return {"steps": rows[-1]["step"], **out} if rows else {}
+
+
+def stepping_seconds(folder: Path) -> float | None:
+    """The seconds a trainer's run spent in its steps, from the wall times of its metrics.jsonl rows: the mean
+    seconds a step between logged rows, times its steps. Left out: rows that also scored the dev questions, and gaps
+    over ten times the median (a cut and a resume). None: fewer than two rows."""
+    rows = read_metrics(folder)
+    pairs = [
+        (b["time"] - a["time"], b["step"] - a["step"])
+        for a, b in zip(rows, rows[1:])
+        if b["step"] > a["step"] and "dev_em" not in b
+    ]
+    if not pairs:
+        return None
+    median = sorted(seconds / steps for seconds, steps in pairs)[len(pairs) // 2]
+    kept = [(seconds, steps) for seconds, steps in pairs if seconds / steps <= 10 * median]
+    return sum(seconds for seconds, _ in kept) / sum(steps for _, steps in kept) * rows[-1]["step"]
