@@ -554,8 +554,10 @@ def test_a_budget_is_planned_from_costs_measured_here_and_a_rerun_keeps_its_plan
     # (measured where the calibration's sample holds a few held-out sentences; the tiny corpus may not)
     per_sentence = measured.get("scored_sentence", preset.costs.scored_sentence)
     assert plan.preset.costs.scored_sentence == per_sentence > 0
-    scored = (EXAMPLE_POOL + plan.work.scored_sentences) * per_sentence
-    assert stages["examples"].fixed_seconds == pytest.approx(scored)
+    sentences = plan.work.held_out_sentences  # with a salient span, from the calibration sample's share
+    assert sentences == round(measured["held_out_sentences_per_block"] * work.blocks)
+    read = min(EXAMPLE_POOL, sentences) + min(plan.work.scored_sentences, sentences)
+    assert stages["examples"].fixed_seconds == pytest.approx(read * per_sentence)
     assert "baseline_index" not in stages
     assert plan.preset.costs.fixed_seconds == pytest.approx(FINAL_SECONDS)
     spent = sum(
@@ -658,3 +660,41 @@ def test_the_report_names_the_reader_warmup_and_loss_of_pretraining():
     papers = dataclasses.replace(cpu, reader_warmup="null", reader_loss="marginal")
     assert "first 1000 on the null document alone" in pretraining_setting(papers)
     assert pretraining_setting(papers).endswith("reader loss marginal")
+
+
+def test_the_evaluation_sample_is_seeded_spread_and_in_file_order():
+    from realm.data.qa_examples import QAExample
+    from realm.pipeline.work import dev_sample
+
+    questions = [QAExample(f"question {i}?", (str(i),)) for i in range(1_496)]
+    sample = dev_sample(questions, 500)
+    assert len(sample) == 500 == len(set(sample))
+    assert sample == dev_sample(questions, 500)  # the same on every run of the same file
+    rows = [int(e.answers[0]) for e in sample]
+    assert rows == sorted(rows) and rows[-1] > 1_300 and rows[0] < 100  # in file order, spread over the file
+    assert dev_sample(questions, None) == questions == dev_sample(questions, 5_000)
+
+
+def test_held_out_sentences_are_sampled_over_the_whole_split(tmp_path):
+    import pyarrow as pa
+
+    from realm.data.sentences import SentenceSet
+
+    doc_ids = [f"doc {i // 4}" for i in range(4_000)]
+    table = pa.table(
+        {
+            "doc_id": doc_ids,
+            "text": [f"sentence {i}" for i in range(4_000)],
+            "span_starts": [[0]] * 4_000,
+            "span_ends": [[8]] * 4_000,
+        }
+    )
+    path = tmp_path / "sentences.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    held_out = SentenceSet(path, 0.5, held_out=True)
+    sample = held_out.sample(300)
+    assert len(sample) == 300 and sample.texts == held_out.sample(300).texts
+    order = [held_out.texts.index(t) for t in sample.texts]
+    assert order == sorted(order) and order[-1] > 0.8 * len(held_out)  # not the first 300 in corpus order
+    assert held_out.sample(10_000) is held_out

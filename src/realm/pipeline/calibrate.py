@@ -195,8 +195,9 @@ def _time_scoring(store: BlockStore, realm_run: Path, preset: Preset) -> dict[st
     model the timed pretraining saved, over its index (none: the sample holds too few held-out sentences)."""
 
     model, held_out, store, index, finder = held_out_scoring(store.folder, realm_run, preset)
+    share = {"held_out_sentences_per_block": len(held_out) / len(store)}  # with a maskable salient span
     if len(held_out) < 4:
-        return {}
+        return share
     k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
     sample = held_out.sample(min(SCORED_SAMPLE, len(held_out) - 2))  # after two untimed ones
 
@@ -204,7 +205,7 @@ def _time_scoring(store: BlockStore, realm_run: Path, preset: Preset) -> dict[st
         masked_span_accuracy(model, sentences, store, index, k, tokens, masks, finder=finder, every_span=True)
 
     score(held_out.sample(2, seed=1))
-    return {"scored_sentence": _timed(lambda: score(sample)) / len(sample)}
+    return share | {"scored_sentence": _timed(lambda: score(sample)) / len(sample)}
 
 
 def _time_qa(

@@ -66,6 +66,7 @@ class Workload:
     # what the plan sizes: the dev questions evaluated (None: all) and the held-out sentences scored
     eval_questions: int | None = None
     scored_sentences: int = SCORED_SENTENCES
+    held_out_sentences: int | None = None  # held-out sentences with a salient span, as calibrated (None: unknown)
 
     def __post_init__(self) -> None:
         if self.ablations and not self.qa_train:
@@ -219,7 +220,7 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     embed = work.blocks / c.embed_blocks_per_second
     qa_steps = preset.qa.total_steps(work.qa_train) if work.qa_train else 0
     scoring = qa_scoring_seconds(preset, work, qa_steps) if work.qa_train else 0.0
-    held_out = work.qa_held_out * c.recall_question  # one retriever's recall on the held-out training questions
+    held_out_recall = work.qa_held_out * c.recall_question  # one retriever's recall on the held-out training questions
     pretrain_steps = preset.pretrain.steps
     # An index whose document tower already built one in the run copies its embeddings (pipeline/work.py:
     # run_indexes). REALM's first index is its start's: ICT's, embedded by the REALM stage, or without ICT the warm
@@ -231,20 +232,22 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     tagging = work.blocks / c.tag_blocks_per_second
     realm_step = pretrain_step_seconds(preset.pretrain, c)
     stages += [StageEstimate("realm", pretrain_steps, realm_step, tagging + first_index + c.pretrain_startup)]
-    qa_fixed = scoring + c.qa_startup + HELD_OUT_RETRIEVERS * held_out  # keep_query_tower: two recalls
+    qa_fixed = scoring + c.qa_startup + HELD_OUT_RETRIEVERS * held_out_recall  # keep_query_tower: two recalls
     if work.qa_train:
         stages += [StageEstimate("ict_index", 0, 0.0, reembed)] if preset.ict.steps else []
         stages += [StageEstimate("realm_index", 0, 0.0, reembed)]
         retrievers = HELD_OUT_RETRIEVERS + (1 if preset.ict.steps else 0)
         stages += [
-            StageEstimate("qa_start", 0, 0.0, retrievers * held_out),
+            StageEstimate("qa_start", 0, 0.0, retrievers * held_out_recall),
             StageEstimate("qa", qa_steps, c.qa_step, qa_fixed),
             # the fine-tuned model with three retrievers on the sample; zero-shot recall of each retriever on all
             StageEstimate(
                 "eval", 0, 0.0, work.evaluated * c.qa_systems_question + retrievers * work.qa_dev * c.recall_question
             ),
         ]
-    stages += [StageEstimate("examples", 0, 0.0, (EXAMPLE_POOL + work.scored_sentences) * c.scored_sentence)]
+    sentences = work.held_out_sentences if work.held_out_sentences is not None else SCORED_SENTENCES
+    read = min(EXAMPLE_POOL, sentences) + min(work.scored_sentences, sentences)  # the worked examples' pool, the scored
+    stages += [StageEstimate("examples", 0, 0.0, read * c.scored_sentence)]
     if work.ablations:
         dense = work.evaluated * c.qa_question  # each ablation's dense evaluation
         stages += [StageEstimate("qa_ict", qa_steps, c.qa_step, qa_fixed + dense)]

@@ -175,11 +175,18 @@ def _qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     ev = r["eval"]
     chosen = r["qa_start"]["retriever"] if "qa_start" in r else "REALM"
     doc.heading("Retrieval recall on the dev questions")
-    selection = plan.preset.qa.dev_limit or ev["dense"]["questions"]
+    questions = ev.get("questions", {"evaluated": ev["dense"]["questions"], "dev": ev["dense"]["questions"]})
+    selection = min(plan.preset.qa.dev_limit or questions["dev"], questions["dev"])
+    evaluated = (
+        f"the {questions['dev']:,} dev questions"
+        if questions["evaluated"] >= questions["dev"]
+        else f"the dev questions (zero-shot rows: all {questions['dev']:,}; the rest: the {questions['evaluated']:,} "
+        "the evaluation answered)"
+    )
     doc.paragraph(
-        f"Percent of the {ev['dense']['questions']} questions with an answer-bearing block in the top k. "
-        f"Fine-tuning scores the first {selection} of them at the end of each epoch (and of the run) and keeps "
-        "the best checkpoint, so with more than one epoch the exact match below is slightly optimistic."
+        f"Percent of {evaluated} with an answer-bearing block in the top k. Fine-tuning scores the first "
+        f"{selection} dev questions at the end of each epoch (and of the run) and keeps the best checkpoint, so with "
+        "more than one epoch the exact match below is slightly optimistic."
     )
     ks = ["recall@1", "recall@5", "recall@20"]
     rows = [["BM25", *(ev["bm25"].get(k) for k in ks)]]
@@ -246,7 +253,7 @@ def _evaluated(ev: dict) -> str:
     return (
         f"EM over {questions['evaluated']:,} of {questions['dev']:,} dev questions (a sample drawn with seed "
         f"{questions['seed']}, sized by the plan to what the budget left after training), "
-        f"±{(high - low) / 2:.1f} points (the hybrid's 95% interval); recall below is on all of them."
+        f"±{(high - low) / 2:.1f} points (the hybrid's 95% interval)."
     )
 
 

@@ -308,6 +308,9 @@ class Pipeline:
     def make_plan(self, work: Workload, calibration: dict | None = None) -> PipelinePlan:
         """The run's plan (plan.json), counting what the stages before it took."""
         spent = (r.seconds for name, r in self.stages.records.items() if name in PLANNED_AFTER)
+        share = (calibration or {}).get("measured", {}).get("held_out_sentences_per_block")
+        if share is not None:  # held-out sentences with a salient span: the calibration sample's share of blocks
+            work = dataclasses.replace(work, held_out_sentences=round(share * work.blocks))
         return plan_run(self.options, self.base_preset, work, calibration, sum(spent))
 
     def paced(self, stage: str) -> Preset:
