@@ -503,7 +503,7 @@ def test_a_stopped_run_has_a_report_of_what_finished(tiny_run, monkeypatch):
     text = (tiny_run.run_dir / "report.md").read_text()  # written after each stage, the last after `qa`
     assert "In progress" in text and "## Training curves" in text and "## Open-QA exact match" not in text
     stages = text.split("## Stages")[1].split("##")[0]
-    assert "| qa |" in stages and "| eval |" in stages and stages.count("pending") == 1  # eval: not yet run
+    assert "| qa |" in stages and "| eval |" in stages and stages.count("pending") == 2  # eval, examples: not yet
 
 
 def test_curves_are_smoothed_with_a_debiased_moving_average(tmp_path):
@@ -531,7 +531,9 @@ def test_a_budget_is_planned_from_costs_measured_here_and_a_rerun_keeps_its_plan
     kinds = ("ict_step", "null_pretrain_step", "retrieval_pretrain_step", "qa_step", "qa_question")
     assert all(0 < measured[k] < 5 for k in kinds), measured  # seconds, from the trainers' own step logs
     assert measured["tag_blocks_per_second"] > 0 and measured["embed_blocks_per_second"] > 0
-    work = Workload(corpus.result["blocks"], len(QUESTIONS), len(QUESTIONS))
+    work = Workload(
+        corpus.result["blocks"], len(pipeline.qa_train), len(QUESTIONS), qa_held_out=len(pipeline.qa_held_out)
+    )
     plan = pipeline.make_plan(work, calibration)
     stages = {s.name: s for s in plan.stages}
     assert stages["ict"].step_seconds == measured["ict_step"]
@@ -622,9 +624,9 @@ def test_every_ablated_run_trains_as_long_as_the_run_it_is_compared_with(tiny_ru
     paired comparison would have counted as the ablation's effect."""
     import realm.pipeline.run as pipeline_run
 
-    def paced_by_stage(plan, base, work, path, stage, took):  # every stage at its own pace, the main ones at x1
+    def paced_by_stage(plan, base, path, stage, took, stepping):  # every stage at its own pace, the main ones at x1
         scale = 1.0 if stage in ("realm", "qa") else 2.0
-        return scale_preset(base, scale, work.qa_train), scale
+        return scale_preset(base, scale, plan.work.qa_train), scale, None
 
     monkeypatch.setattr(pipeline_run, "paced_preset", paced_by_stage)
     Pipeline(tiny_run, TINY_PIPELINE, lambda _: None).run()

@@ -257,6 +257,17 @@ def _evaluated(ev: dict) -> str:
     )
 
 
+def _scored_sample(examples: dict) -> str:
+    """Whether the held-out sentences scored are all of them or the plan's seeded sample."""
+    held_out = examples["held_out_sentences"]
+    if examples.get("scored_sentences", held_out) >= held_out:
+        return ""
+    return (
+        f"; a sample, drawn with a fixed seed, of the {held_out:,} held-out sentences with a salient span, sized by "
+        "the plan to what the budget left after training"
+    )
+
+
 def _examples(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     ex, scored = r["examples"], r["examples"]["with_retrieval"]
     doc.heading("Does retrieval help the language model? (held-out sentences)")
@@ -276,13 +287,7 @@ def _examples(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     doc.paragraph(
         f"Retrieval gain in masked-token accuracy, paired over the same masks: {scored['retrieval_gain']:+.2f} points, "
         f"95% bootstrap interval [{low:+.2f}, {high:+.2f}] over {scored['sentences']} sentences (their "
-        f"{scored['spans']:,} salient spans, each masked in turn"
-        + (
-            f"; a sample, drawn with a fixed seed, of the {ex['held_out_sentences']:,} held-out sentences with a "
-            "salient span, sized by the plan to what the budget left after training)"
-            if ex.get("scored_sentences", ex["held_out_sentences"]) < ex["held_out_sentences"]
-            else ")"
-        )
+        f"{scored['spans']:,} salient spans, each masked in turn{_scored_sample(ex)})"
         + (" (excludes 0)." if low > 0 or high < 0 else " (includes 0: no clear gain).")
     )
     split = scored.get("by_recoverability")
