@@ -5,8 +5,7 @@ constants stay only the fallback where the run's data is too small to calibrate 
 
 A trainer's step time is read from its metrics log (one row a step, each with its wall time, taken after the
 step's loss is read back, so a GPU's queue is drained): the mean over the timed steps after `UNTIMED_STEPS`
-(allocation, kernel selection); on a GPU, whose steps take tens of milliseconds, enough of them to fill about
-TIMED_SECONDS. The last QA step also scores the dev sample and saves the best model, so it is not timed either.
+(allocation, kernel selection); on a GPU, whose steps take tens of milliseconds, TIMED_STEPS_CUDA of them. The last QA step also scores the dev sample and saves the best model, so it is not timed either.
 Evaluation is timed after a first untimed batch. A trainer's start (model loads, a hybrid run's BM25 index, the
 first step's allocations) is timed from its call to its first step, less one step.
 """
@@ -105,10 +104,9 @@ def _timed(work) -> float:
     return time.perf_counter() - began
 
 
-def startup_seconds(trainer: Path, called: float) -> float:
-    """Seconds from a trainer's call (wall time `called`) to its first logged step, less one step."""
-    rows = read_metrics(trainer)
-    return max(0.0, rows[0]["time"] - called - step_seconds(trainer, UNTIMED_STEPS, rows[-1]["step"] - 1))
+def startup_seconds(trainer: Path, called: float, step: float) -> float:
+    """Seconds from a trainer's call (wall time `called`) to its first logged step, less that step (`step` s)."""
+    return max(0.0, read_metrics(trainer)[0]["time"] - called - step)
 
 
 def calibrate(
@@ -157,7 +155,8 @@ def _time_ict(store: BlockStore, warm_start: Path, out: Path, preset: Preset) ->
     ict = dataclasses.replace(preset.ict, steps=steps, warmup_steps=1, checkpoint_every=NEVER, log_every=1)
     called = time.time()
     train_ict(store.folder, out, str(warm_start / "retriever"), dataclasses.replace(preset, ict=ict), progress=False)
-    return {"ict_step": step_seconds(out, UNTIMED_STEPS, steps), "ict_startup": startup_seconds(out, called)}
+    step = step_seconds(out, UNTIMED_STEPS, steps)
+    return {"ict_step": step, "ict_startup": startup_seconds(out, called, step)}
 
 
 def _time_pretrain(store: BlockStore, warm_start: Path, out: Path, preset: Preset) -> dict[str, float]:
@@ -184,7 +183,7 @@ def _time_pretrain(store: BlockStore, warm_start: Path, out: Path, preset: Prese
     called = time.time()
     train_pretrain(store.folder, out, str(warm_start / "retriever"), str(warm_start / "reader"), timed, progress=False)
     measured = {"null_pretrain_step": step_seconds(out, UNTIMED_STEPS, steps)}
-    measured["pretrain_startup"] = max(0.0, read_metrics(out)[0]["time"] - called - measured["null_pretrain_step"])
+    measured["pretrain_startup"] = startup_seconds(out, called, measured["null_pretrain_step"])
     if retrieval:
         measured["retrieval_pretrain_step"] = step_seconds(out, steps + UNTIMED_STEPS, 2 * steps)
     return measured
@@ -231,7 +230,8 @@ def _time_qa(
     )
     called = time.time()
     best = train_qa(str(warm_start), qa_index, train, dev, out, tuned, progress=False)
-    measured = {"qa_step": step_seconds(out, UNTIMED_STEPS, steps), "qa_startup": startup_seconds(out, called)}
+    step = step_seconds(out, UNTIMED_STEPS, steps)
+    measured = {"qa_step": step, "qa_startup": startup_seconds(out, called, step)}
     # first what dev scoring in fine-tuning reads with, alone; then the evaluation's other systems, sharing its reads;
     # each after an untimed batch (a first search and read allocate, load and select kernels)
     first = preset.qa.retriever
@@ -244,8 +244,9 @@ def _time_qa(
     ]
     measured["qa_question"] = seconds[0] / len(dev)
     measured["qa_systems_question"] = sum(seconds) / len(dev)
-    retriever = Retriever.load(str(best / "retriever"), MipsIndex(qa_index).retriever_config(preset.retriever))
-    searcher = open_searcher(MipsIndex(qa_index), "dense", retriever)
+    index = MipsIndex(qa_index)
+    retriever = Retriever.load(str(best / "retriever"), index.retriever_config(preset.retriever))
+    searcher = open_searcher(index, "dense", retriever)
     questions = [e.question for e in dev]
     search_all(searcher, questions[:4], 5)
     measured["recall_question"] = _timed(lambda: search_all(searcher, questions, 20)) / len(dev)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +112,8 @@ class PipelinePlan:
 
     @property
     def estimated_minutes(self) -> float:
-        return (self.spent_seconds + self.preset.costs.fixed_seconds + sum(s.seconds for s in self.stages)) / 60
+        training = sum(s.steps * s.step_seconds for s in self.stages)
+        return (_fixed_seconds(self.preset, self.stages, self.spent_seconds) + training) / 60
 
     @property
     def training_minutes(self) -> float:
@@ -153,6 +154,11 @@ class PipelinePlan:
             "costs": dataclasses.asdict(self.preset.costs),
             "stages": [{**dataclasses.asdict(s), "seconds": s.seconds} for s in self.stages],
         }
+
+
+def _fixed_seconds(preset: Preset, stages: Sequence[StageEstimate], spent_seconds: float) -> float:
+    """Everything but the training steps: what was spent before the plan, each stage's fixed part, the run's end."""
+    return spent_seconds + preset.costs.fixed_seconds + sum(s.fixed_seconds for s in stages)
 
 
 def _scaled(value: int, scale: float, minimum: int = 1) -> int:
@@ -357,8 +363,7 @@ def measurement_sized(preset: Preset, work: Workload, budget_seconds: float, spe
     does (the steps then get what is left)."""
 
     def training_room(share: float) -> float:
-        stages = estimate(preset, work.measured(share))
-        fixed = spent_seconds + preset.costs.fixed_seconds + sum(s.fixed_seconds for s in stages)
+        fixed = _fixed_seconds(preset, estimate(preset, work.measured(share)), spent_seconds)
         return budget_seconds - fixed - TRAINING_SHARE * budget_seconds
 
     if training_room(1.0) >= 0:
@@ -480,8 +485,9 @@ def paced_scale(
     while needed(too_long) <= left and too_long < 1e3:
         fits, too_long = too_long, 2 * too_long
     scale = _largest_fitting(lambda scale: needed(scale) <= left, fits, too_long)
-    if work.qa_train and "qa" not in took and costed.qa.total_steps(work.qa_train) >= QA_MIN_STEPS:
-        scale = max(scale, min(plan.scale, QA_MIN_STEPS / costed.qa.total_steps(work.qa_train)))
+    qa_steps = costed.qa.total_steps(work.qa_train) if work.qa_train else 0
+    if "qa" not in took and qa_steps >= QA_MIN_STEPS:
+        scale = max(scale, min(plan.scale, QA_MIN_STEPS / qa_steps))
     return scale, pace
 
 
@@ -513,7 +519,7 @@ def _scale_to_fit(preset: Preset, work: Workload, budget_minutes: float, spent_s
     """The largest factor on every trainer's steps whose plan fits what the fixed costs leave of the budget (some
     grow with the steps: fine-tuning scores the dev questions once an epoch)."""
     stages = estimate(preset, work)
-    fixed = spent_seconds + preset.costs.fixed_seconds + sum(s.fixed_seconds for s in stages)
+    fixed = _fixed_seconds(preset, stages, spent_seconds)
     training = sum(s.steps * s.step_seconds for s in stages)
     left = budget_minutes * 60 - fixed
     if left <= 0 or training <= 0:

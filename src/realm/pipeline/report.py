@@ -175,7 +175,7 @@ def _qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     ev = r["eval"]
     chosen = r["qa_start"]["retriever"] if "qa_start" in r else "REALM"
     doc.heading("Retrieval recall on the dev questions")
-    questions = ev.get("questions", {"evaluated": ev["dense"]["questions"], "dev": ev["dense"]["questions"]})
+    questions = _questions(ev)
     selection = min(plan.preset.qa.dev_limit or questions["dev"], questions["dev"])
     evaluated = (
         f"the {questions['dev']:,} dev questions"
@@ -244,9 +244,14 @@ def _qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     )
 
 
+def _questions(ev: dict) -> dict:
+    """The evaluation's dev questions: how many it answered, of how many (a run before the plan sampled: all)."""
+    return ev.get("questions", {"evaluated": ev["dense"]["questions"], "dev": ev["dense"]["questions"]})
+
+
 def _evaluated(ev: dict) -> str:
     """Which dev questions the systems answered: all, or the plan's seeded sample, with the interval it implies."""
-    questions = ev.get("questions", {"evaluated": ev["dense"]["questions"], "dev": ev["dense"]["questions"]})
+    questions = _questions(ev)
     low, high = ev["hybrid"]["exact_match_95ci"]
     if questions["evaluated"] >= questions["dev"]:
         return f"All {questions['dev']:,} dev questions answered."

@@ -200,22 +200,17 @@ class Pipeline:
         retrievers = {
             label: (self.stages.output(stage, "index"), folder) for label, (stage, folder) in zero_shot.items()
         }
+        evaluated = self.dev_sample()
 
         def work(folder: Path, resume: bool) -> dict:
             return stage_work.evaluate_systems(
-                self.stages.output(qa, "best"),
-                index_folder,
-                retrievers,
-                self.qa_dev,
-                self.dev_sample(),
-                preset,
-                folder,
+                self.stages.output(qa, "best"), index_folder, retrievers, self.qa_dev, evaluated, preset, folder
             )
 
         settings = {
             "after": [qa.fingerprint, *(s.fingerprint for s, _ in zero_shot.values())],
             "systems": stage_work.SYSTEMS,
-            "questions": len(self.dev_sample()),
+            "questions": len(evaluated),
         }
         return self.stages.run("eval", settings, work)
 
