@@ -26,8 +26,9 @@ from pathlib import Path
 from realm.common.io import write_json_atomic
 from realm.config import QAConfig, RetrieverConfig, get_preset, read_run_config
 from realm.data.qa_examples import load_qa
+from realm.data.sources import squad_question_titles
 from realm.eval.qa import compare_predictions
-from realm.pipeline.work import finetune
+from realm.pipeline.work import finetune, split_training_questions
 from realm.training import latest_checkpoint
 
 RESULT = "replicate.json"
@@ -48,7 +49,7 @@ def stage_config(run: Path, stage: str) -> dict:
     return saved
 
 
-def replicate(run: Path, stage: str, seed: int, out: Path, train_path: str, dev_path: str) -> Path:
+def replicate(run: Path, stage: str, seed: int, out: Path, command: list[str]) -> Path:
     """Fine-tune and score `stage` again with `seed`; returns the dense predictions file."""
     folder = out / f"{stage}_seed{seed}"
     if (folder / RESULT).is_file():
@@ -60,17 +61,22 @@ def replicate(run: Path, stage: str, seed: int, out: Path, train_path: str, dev_
         qa=dataclasses.replace(QAConfig(**config["qa"]), seed=seed),
         retriever=RetrieverConfig(**config["retriever"]),
     )
+    train_path, dev_path = command[command.index("--qa-train") + 1], command[command.index("--qa-dev") + 1]
+    articles = (
+        squad_question_titles(Path(command[command.index("--qa-articles") + 1])) if "--qa-articles" in command else None
+    )
+    train, held_out = split_training_questions(load_qa(train_path, articles))  # as the pipeline split them
     result = finetune(
         Path(config["model"]),
         Path(config["index"]),
         Path(config["reader"]) if config.get("reader") else None,
-        load_qa(train_path),
-        load_qa(dev_path),
+        train,
+        held_out,
         preset,
         folder,
         resume=latest_checkpoint(folder) is not None,
         progress=False,
-        evaluate=True,
+        evaluated=load_qa(dev_path),
     )
     write_json_atomic(folder / RESULT, {"stage": stage, "seed": seed, **result})
     return folder / "predictions_dense.jsonl"
@@ -89,15 +95,14 @@ def main() -> None:
         parser.error(f"--pairs: each is STAGE_A:STAGE_B, got {args.pairs}")
     stages = list(dict.fromkeys(stage for pair in pairs for stage in pair))
     command = stage_config(args.run, stages[0])["command"]
-    train_path, dev_path = command[command.index("--qa-train") + 1], command[command.index("--qa-dev") + 1]
     predictions = {stage: {0: stage_predictions(args.run, stage)} for stage in stages}
     for seed in args.seeds:
         for stage in stages:
-            predictions[stage][seed] = replicate(args.run, stage, seed, args.out, train_path, dev_path)
+            predictions[stage][seed] = replicate(args.run, stage, seed, args.out, command)
             print(f"{stage} seed {seed}: done", flush=True)
 
     seeds = [0, *args.seeds]
-    print(f"\ndense exact match on {dev_path}, by seed (0: the pipeline's run)")
+    print(f"\ndense exact match on {command[command.index('--qa-dev') + 1]}, by seed (0: the pipeline's run)")
     for stage in stages:
         ems = [compare_predictions(predictions[stage][s], predictions[stage][s])["exact_match_a"] for s in seeds]
         spread = statistics.stdev(ems) if len(ems) > 1 else 0.0

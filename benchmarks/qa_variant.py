@@ -1,13 +1,14 @@
 """QA fine-tuning with the cpu preset's settings, some changed: what a setting does to the fine-tuned query tower.
 
 Fine-tunes `--model` (default MiniLM) on `--train-limit` training questions (a seeded sample across all articles)
-over a frozen index, then scores the dense retriever on every dev question: recall@1/5/20 of the warm start's query
-tower, of each `--compare` output (earlier variants) and of this one, each recall@5 paired against the warm start's,
+over a frozen index, then scores the dense retriever on the tuning split of the training file (whole articles that
+fine-tuning never sees, `tuning_split`; a choice between settings never reads the dev questions a run reports):
+recall@1/5/20 of the warm start's query tower, of each `--compare` output (earlier variants) and of this one, each recall@5 paired against the warm start's,
 and against the first `--compare` output, with 95% intervals over questions (the document tower and the index never
 change in QA fine-tuning, so the rows differ only in the query tower).
 
     python benchmarks/qa_variant.py --index runs/qa/baseline_index/index \
-        --train ../shared/data/qa/squad_open_train.jsonl --dev ../shared/data/qa/squad_open_dev.jsonl \
+        --train ../shared/data/qa/squad_open_train.jsonl --qa-articles ../shared/data/raw/squad-dev-v1.1.json.zip \
         --train-limit 2400 --out runs/qa_rlr1e-4 --set retriever_lr=1e-4 --compare runs/qa_rlr1e-5
 
 Resumable: run it again (a finished output is read back, not trained again).
@@ -26,7 +27,8 @@ from pretrain_eval import hits_at
 
 from realm.common.weights import MINILM
 from realm.config import QAConfig, get_preset
-from realm.data.qa_examples import load_qa
+from realm.data.qa_examples import load_qa, tuning_split
+from realm.data.sources import squad_question_titles
 from realm.eval.intervals import bootstrap_interval, paired_difference
 from realm.recipes.finetune_qa import BEST, train_qa
 
@@ -41,7 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index", required=True, type=Path, help="index built by the model's document tower")
     parser.add_argument("--train", required=True)
-    parser.add_argument("--dev", required=True)
+    parser.add_argument("--qa-articles", help="a SQuAD file naming each training question's article")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--model", default=MINILM, help="warm start: minilm or a `train pretrain` output")
     parser.add_argument("--train-limit", type=int, help="fine-tune on a seeded sample of N")
@@ -52,10 +54,10 @@ def main() -> None:
 
     preset = get_preset(args.preset)
     preset = dataclasses.replace(preset, qa=dataclasses.replace(preset.qa, **changed_settings(args.set, QAConfig)))
-    train = load_qa(args.train)
+    titles = squad_question_titles(Path(args.qa_articles)) if args.qa_articles else None
+    train, dev = tuning_split(load_qa(args.train, titles))
     if args.train_limit:  # the questions come article by article: sample across all of them
         train = [train[i] for i in sorted(np.random.default_rng(0).permutation(len(train))[: args.train_limit])]
-    dev = load_qa(args.dev)
     if not (args.out / BEST / "dev.json").is_file():
         train_qa(args.model, args.index, train, dev, args.out, preset, resume=True, progress=False)
     print(f"{args.out}: {', '.join(args.set) or 'no change'}, {len(train)} training questions from {args.model}")
@@ -66,8 +68,8 @@ def main() -> None:
          hits_at(str(folder / BEST), str(args.index), dev, preset))
         for folder in [*args.compare, args.out]
     ]  # fmt: skip
-    print(f"\n{len(dev)} questions of {args.dev}, the dense retriever alone")
-    print("| query tower | exact match (hybrid, dev subset) | recall@1 | recall@5 [95%] | recall@20 "
+    print(f"\n{len(dev)} questions of the tuning split of {args.train}, the dense retriever alone")
+    print("| query tower | exact match (hybrid, tuning subset) | recall@1 | recall@5 [95%] | recall@20 "
           "| recall@5 minus the warm start [95%] | minus the first compared [95%] |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, em, hits in [("warm start", "", base), *rows]:

@@ -1,13 +1,13 @@
 """Fine-tune one more system inside a finished `realm pipeline` run, exactly as its ablation stages are fine-tuned
-(the run's own plan: steps, batch, learning rates, retrieval), with a retriever and a reader of your choice; then
-score it with dense retrieval on all dev questions. It separates what the pipeline's retriever ablation mixes: the
-ICT-only baseline changes the reader as well as the retriever.
+(the run's own plan: batch, learning rates, retrieval; its steps unless --steps), with a retriever and a reader of
+your choice; then score it with dense retrieval on the tuning split of the training questions (whole held-out
+articles, `tuning_split`: a choice between readers is a setting, never made on the dev questions a run reports).
+It separates what the pipeline's retriever ablation mixes: the ICT-only baseline changes the reader as well.
 
-    python benchmarks/reader_swap.py --run-dir runs/abl120 --retriever realm --index realm_index/index \
-        --reader warm_start/reader --qa-train ../shared/data/qa/squad_open_train.jsonl \
-        --qa-dev ../shared/data/qa/squad_open_dev.jsonl --out runs/abl120_x/qa_realm_retriever_minilm_reader
-    realm eval compare runs/abl120_x/qa_realm_retriever_minilm_reader/predictions_dense.jsonl \
-        runs/abl120/qa_ict/predictions_dense.jsonl
+    python benchmarks/reader_swap.py --run-dir runs/qa50 --retriever realm --index realm_index/index \
+        --reader realm/reader --qa-train ../shared/data/qa/squad_open_train.jsonl \
+        --qa-articles ../shared/data/raw/squad-dev-v1.1.json.zip --steps 300 --out runs/swap/realm_reader
+    realm eval compare runs/swap/realm_reader/predictions_dense.jsonl runs/swap/minilm_reader/predictions_dense.jsonl
 
 Resumes after a kill (the trainer continues from its newest checkpoint in --out).
 """
@@ -15,16 +15,15 @@ Resumes after a kill (the trainer continues from its newest checkpoint in --out)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
-import torch
-
 from realm.common.io import write_json_atomic
-from realm.config import get_preset
-from realm.data.qa_examples import load_qa
+from realm.config import QAConfig, RetrieverConfig, get_preset
+from realm.data.qa_examples import load_qa, tuning_split
+from realm.data.sources import squad_question_titles
 from realm.pipeline import work as stage_work
-from realm.pipeline.plan import Workload, costed_for, plan_pipeline
 
 
 def main() -> None:
@@ -34,34 +33,35 @@ def main() -> None:
     parser.add_argument("--index", required=True, help="index in the run built by that retriever's document tower")
     parser.add_argument("--reader", required=True, help="reader folder in the run (e.g. warm_start/reader)")
     parser.add_argument("--qa-train", required=True)
-    parser.add_argument("--qa-dev", required=True)
+    parser.add_argument("--qa-articles", help="a SQuAD file naming each training question's article")
+    parser.add_argument("--steps", type=int, help="fine-tuning steps (default: the run's plan)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     run = Path(args.run_dir)
-    stored = json.loads((run / "plan.json").read_text())
-    basis = stored["basis"]
-    dtype = getattr(torch, stored["compute_dtype"])
-    plan = plan_pipeline(
-        costed_for(get_preset(basis["preset"]), dtype), Workload(**basis["workload"]), basis["budget_minutes"],
-        stored["scale"], sized=Workload(**stored.get("work", basis["workload"])),
-    )  # fmt: skip
-    if plan.preset.to_dict() != stored["preset"]:
-        raise SystemExit(f"realm: error: {run / 'plan.json'}: this version plans another preset than the run used")
+    stored = json.loads((run / "plan.json").read_text())["preset"]  # the run's own QA and retriever settings
+    preset = dataclasses.replace(
+        get_preset(stored["name"]),
+        qa=QAConfig(**stored["qa"]),
+        retriever=RetrieverConfig.from_dict(stored["retriever"]),
+    )
+    if args.steps:
+        preset = dataclasses.replace(preset, qa=dataclasses.replace(preset.qa, steps=args.steps))
     out = Path(args.out)
-    train, held_out = stage_work.split_training_questions(load_qa(args.qa_train))
-    dev = load_qa(args.qa_dev)
+    questions = load_qa(args.qa_train, squad_question_titles(Path(args.qa_articles)) if args.qa_articles else None)
+    train, held_out = stage_work.split_training_questions(questions)
+    tuning = tuning_split(questions)[1]
+    print(f"fine-tuning on {len(train):,} questions; scoring on the tuning split's {len(tuning):,}")
     result = stage_work.finetune(
         run / args.retriever,
         run / args.index,
         run / args.reader,
         train,
         held_out,
-        dev,
-        plan.preset,
+        preset,
         out,
         resume=out.exists(),
         progress=False,
-        evaluated=dev,
+        evaluated=tuning,
     )
     write_json_atomic(out / "result.json", result)
     dense = result["dense"]

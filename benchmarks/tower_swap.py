@@ -16,11 +16,13 @@ Runs that kept the warm start's document tower (`--doc-tower fixed`) differ in t
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from pretrain_eval import KS, searcher_hits
 
 from realm.config import get_preset
-from realm.data.qa_examples import load_qa
+from realm.data.qa_examples import load_qa, tuning_split
+from realm.data.sources import squad_question_titles
 from realm.eval.intervals import paired_difference
 from realm.index.mips import MipsIndex
 from realm.index.search import open_searcher
@@ -33,6 +35,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--qa", required=True, help="questions with answers")
     parser.add_argument(
+        "--tuning",
+        action="store_true",
+        help="score the tuning split of --qa, a training file (whole held-out articles: tuning_split), as a choice "
+        "between settings must; without it every question of --qa (a set to report)",
+    )
+    parser.add_argument("--qa-articles", help="a SQuAD file naming each --qa question's article (with --tuning)")
+    parser.add_argument(
         "--retriever", action="append", required=True, help="NAME=RETRIEVER=INDEX (its document tower's); first: base"
     )
     parser.add_argument(
@@ -43,7 +52,9 @@ def main() -> None:
     parser.add_argument("--preset", default="cpu")
     args = parser.parse_args()
     preset = get_preset(args.preset)
-    questions = load_qa(args.qa)
+    questions = load_qa(args.qa, squad_question_titles(Path(args.qa_articles)) if args.qa_articles else None)
+    if args.tuning:
+        questions = tuning_split(questions)[1]
     specs = [spec.split("=") for spec in args.retriever]
     if any(len(spec) != 3 for spec in specs):
         parser.error("every --retriever is NAME=RETRIEVER=INDEX")
@@ -52,7 +63,7 @@ def main() -> None:
         name: Retriever.load(folder, indexes[name].retriever_config(preset.retriever)) for name, folder, _ in specs
     }
 
-    print(f"{len(questions)} questions of {args.qa}, zero-shot")
+    print(f"{len(questions)} questions of {args.qa}{' (its tuning split)' if args.tuning else ''}, zero-shot")
     print("| query tower | document tower (its index) | recall@1 | recall@5 | recall@20 | recall@5 minus base [95%] |")
     print("|---|---|---:|---:|---:|---:|")
     base = None

@@ -168,7 +168,7 @@ class QAConfig:
     span_hidden: int = 256
     max_span_width: int = 10
     steps: int | None = None  # None: `epochs` passes over the training questions (a budget may set fewer)
-    dev_limit: int | None = None  # dev questions scored after each epoch (None: all)
+    dev_limit: int | None = None  # held-out questions scored after each epoch to keep the best (None: all)
     checkpoint_every: int = 500
     log_every: int = 10
     seed: int = 0

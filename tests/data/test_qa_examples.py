@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 
 import pytest
@@ -11,10 +12,13 @@ from conftest import SHARED_DATA
 from realm.data.qa_examples import (
     QAExample,
     has_answer,
+    is_answer_span,
     is_exact_match,
     load_qa,
     normalize_answer,
+    tuning_split,
 )
+from realm.data.sources import squad_question_titles
 from realm.eval.retrieval import recall_at_k
 from realm.index.search import SearchHit
 
@@ -24,7 +28,7 @@ from realm.index.search import SearchHit
     [
         ("The Eiffel Tower!", "eiffel tower"),
         ("  a  cat, an owl;  THE end. ", "cat owl end"),
-        ("Café", "café"),  # no Unicode normalisation: the official script compares the strings as they are
+        ("Café", "café"),  # the official script compares the strings as they are: no Unicode normalisation
         ("“Quoted” — dash", "“quoted” — dash"),  # only string.punctuation (ASCII) goes, as in the official script
         ("theatre", "theatre"),  # articles only as whole words
         ("24–10", "24–10"),
@@ -32,7 +36,18 @@ from realm.index.search import SearchHit
     ],
 )
 def test_normalize_answer_is_the_official_squad_script(raw, normalised):
-    assert normalize_answer(raw) == normalised
+    assert normalize_answer(raw, "squad") == normalised
+
+
+def test_the_default_exact_match_is_orqas_with_nfd_and_the_squad_rule_is_without():
+    """ORQA's eval_utils.normalize_answer NFD-normalises first, the official SQuAD script does not: an NFC and an
+    NFD "Frédéric" are one answer under the first rule and two under the second."""
+    composed, decomposed = unicodedata.normalize("NFC", "Frédéric"), unicodedata.normalize("NFD", "Frédéric")
+    assert composed != decomposed
+    assert is_exact_match(composed, QAExample("q", (decomposed,)))  # rule "orqa", the default
+    assert is_exact_match(composed, QAExample("q", (decomposed,)), "orqa")
+    assert not is_exact_match(composed, QAExample("q", (decomposed,)), "squad")
+    assert normalize_answer("The Café", "orqa") == unicodedata.normalize("NFD", "café")
 
 
 @pytest.mark.parametrize(
@@ -80,6 +95,29 @@ def test_has_answer_regex():
 def test_exact_match():
     assert is_exact_match("the Denver Broncos.", QAExample("q", ("Denver Broncos",)))
     assert not is_exact_match("Broncos", QAExample("q", ("Denver Broncos",)))
+
+
+@pytest.mark.parametrize(
+    "line, name",
+    [
+        (453, "Jesús Gil"),
+        (558, "Shinzō Abe"),
+        (635, "Cathédrale Notre-Dame"),
+        (971, "Ivana Buzková"),
+        (1333, "the Niña"),
+    ],
+)
+def test_a_regex_answer_with_an_accent_matches_nfd_text(line, name):
+    """DrQA normalises the pattern as well as the text. CuratedTrec's five accented patterns escape the letter
+    ("Ni\\ña"), which plain NFD would turn into "\\n" + a combining tilde (a newline): each must match a block
+    holding the name, in NFC or NFD, in recall and in the reader's span labels."""
+    example = load_qa(SHARED_DATA / "qa" / "curatedtrec_train.regex.jsonl")[line - 1]
+    assert any(re.search(r"\\[^\x00-\x7f]", p) for p in example.answers)  # an escaped accented letter
+    for form in ("NFC", "NFD"):
+        text = unicodedata.normalize(form, f"It was {name}, they said.")
+        assert has_answer(text, example)
+        assert is_answer_span(unicodedata.normalize(form, name), example)
+    assert not has_answer("It was nobody, they said.", example)
 
 
 def test_regex_exact_match_is_orqa_regex_match_score():
@@ -152,3 +190,51 @@ def test_qa_split_is_a_function_of_each_question(tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_text(lines[0] + "\n{oops\n")
     assert main(["qa", "split", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "u")]) == 2
     assert "bad.jsonl:2:" in capsys.readouterr().err and not (tmp_path / "u").exists()
+
+
+def _questions(articles: dict[str, int]) -> list[QAExample]:
+    return [QAExample(f"{a} question {i}?", ("x",), article=a) for a, n in articles.items() for i in range(n)]
+
+
+def test_the_tuning_split_holds_out_whole_articles_in_at_most_a_fifth():
+    questions = _questions({f"article {a}": 5 + a % 7 for a in range(60)})
+    train, tuning = tuning_split(questions)
+    assert 0 < len(tuning) <= len(questions) // 5
+    assert not {e.article for e in train} & {e.article for e in tuning}  # no article on both sides
+    assert len({e.article for e in tuning}) > 5  # many articles, not the first in file order
+    assert tuning_split(list(questions)) == (train, tuning)  # the same on every run of the same data
+    assert [questions.index(e) for e in tuning] == sorted(questions.index(e) for e in tuning)  # in file order
+    # a file that names no article: each question is its own
+    plain = [QAExample(f"question {i}?", ("x",)) for i in range(100)]
+    train, tuning = tuning_split(plain)
+    assert len(tuning) == 20 and set(train) | set(tuning) == set(plain)
+    assert tuning != plain[:20]
+
+
+def test_squad_open_training_questions_are_split_by_their_articles():
+    """The shared SQuAD-open training file lists Super Bowl 50's questions first and names no article; the SQuAD
+    file names them. No article chooses a setting and trains too."""
+    titles = squad_question_titles(SHARED_DATA / "raw" / "squad-dev-v1.1.json.zip")
+    questions = load_qa(SHARED_DATA / "qa" / "squad_open_train.jsonl", titles)
+    assert all(e.article for e in questions) and questions[0].article == "Super Bowl 50"
+    train, tuning = tuning_split(questions)
+    assert len(tuning) <= len(questions) // 5 and len(train) + len(tuning) == len(questions)
+    assert not {e.article for e in train} & {e.article for e in tuning}
+    assert len({e.article for e in tuning}) >= 3 and "Super Bowl 50" not in {e.article for e in tuning}
+
+
+def test_a_question_may_name_its_article(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    path.write_text(
+        json.dumps({"question": "Who?", "answer": ["Bach"], "title": "Bach"})
+        + "\n"
+        + json.dumps({"question": "Where?", "answer": ["Eisenach"]})
+        + "\n"
+        + json.dumps({"question": "When?", "answer": ["1685"], "title": 3})
+        + "\n"
+    )
+    with pytest.raises(ValueError, match=r"qa.jsonl:3: .*'title' must be a string"):
+        load_qa(path)
+    path.write_text("\n".join(path.read_text().splitlines()[:2]) + "\n")
+    assert [e.article for e in load_qa(path)] == ["Bach", None]
+    assert [e.article for e in load_qa(path, {"Where?": "Eisenach"})] == ["Bach", "Eisenach"]

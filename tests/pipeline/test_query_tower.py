@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_QA_PRESET, save_tiny_qa
 
-from realm.data.qa_examples import QAExample
+from realm.data.qa_examples import QAExample, tuning_split
 from realm.models.retriever import Retriever
 from realm.pipeline import work
 from realm.pipeline.plan import PipelineOptions
@@ -67,19 +67,52 @@ def test_the_fine_tuned_query_tower_stays_only_when_it_retrieves_better(
     assert query_weights(best / "retriever") == expected
 
 
-def test_qa_holds_out_a_share_of_its_training_questions():
-    questions = [QAExample(f"question {i}?", [str(i)]) for i in range(3000)]
-    train, held_out = split_training_questions(questions)
-    assert held_out == questions[: work.SELECTION_QUESTIONS] and train == questions[work.SELECTION_QUESTIONS :]
-    train, held_out = split_training_questions(questions[:12])
-    assert held_out == questions[:2] and train == questions[2:12]  # one in HELD_OUT_SHARE of a small set
+def test_the_selection_questions_are_a_sample_of_held_out_articles():
+    """The questions that choose the QA start and the query tower: at most SELECTION_QUESTIONS, drawn from whole
+    articles that fine-tuning never sees (a Super Bowl-only first 500 chose them before), in file order."""
+    questions = [
+        QAExample(f"{a}: question {i}?", (str(i),), article=f"article {a}") for a in range(40) for i in range(75)
+    ]
+    train, selection = split_training_questions(questions)
+    assert len(selection) == work.SELECTION_QUESTIONS
+    assert not {e.article for e in selection} & {e.article for e in train}
+    assert len({e.article for e in selection}) >= 5 and selection != questions[: work.SELECTION_QUESTIONS]
+    assert [questions.index(e) for e in selection] == sorted(questions.index(e) for e in selection)
+    assert split_training_questions(list(questions)) == (train, selection)  # the same on every run
+    assert len(train) + len(tuning_split(questions)[1]) == len(questions)  # the rest of those articles: unused
+    plain = [QAExample(f"question {i}?", (str(i),)) for i in range(12)]  # a file that names no article
+    train, selection = split_training_questions(plain)
+    assert len(selection) == 2 and len(train) == 10  # a fifth, each question an article of its own
+    assert not split_training_questions(questions[:12])[1]  # one article: none fits in a fifth
 
 
 def test_a_pipeline_given_too_few_training_questions_says_so(tmp_path):
     qa = tmp_path / "qa.jsonl"
     qa.write_text((json.dumps({"question": "Where was Bach born?", "answer": ["Eisenach"]}) + "\n") * 4)
     options = PipelineOptions(inputs=(str(qa),), run_dir=tmp_path / "run", qa_train=qa, qa_dev=qa, progress=False)
-    with pytest.raises(
-        ValueError, match=r"qa\.jsonl: 4 questions; QA fine-tuning needs at least 5 \(a fifth of them held out"
-    ):
+    with pytest.raises(ValueError, match=r"qa\.jsonl: 4 questions, and no article's questions fit in a fifth of them"):
         Pipeline(options, TINY_QA_PRESET)
+
+
+def test_a_pipeline_takes_the_articles_of_its_questions_from_a_squad_file(tmp_path):
+    """--qa-articles: a QA file without titles (the shared SQuAD-open one) gets them from the SQuAD file its
+    questions came from, and the selection questions are whole articles that fine-tuning never sees."""
+    articles = {f"Article {a}": [f"Question {a}.{i}?" for i in range(3)] for a in range(10)}
+    squad = {
+        "data": [
+            {"title": title.replace(" ", "_"), "paragraphs": [{"context": "text", "qas": [{"question": q, "id": q}]}]}
+            for title, questions in articles.items()
+            for q in questions
+        ]
+    }
+    (tmp_path / "squad.json").write_text(json.dumps(squad))
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"question": q, "answer": ["x"]}) + "\n" for qs in articles.values() for q in qs))
+    options = PipelineOptions(
+        inputs=(str(qa),), run_dir=tmp_path / "run", qa_train=qa, qa_dev=qa, qa_articles=tmp_path / "squad.json"
+    )
+    pipeline = Pipeline(options, TINY_QA_PRESET)
+    held_out = {e.article for e in pipeline.qa_held_out}
+    assert len(pipeline.qa_held_out) == 6 and len(held_out) == 2 and held_out <= set(articles)
+    assert not held_out & {e.article for e in pipeline.qa_train}
+    assert pipeline.selection()["articles"] == 2

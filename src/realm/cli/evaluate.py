@@ -125,7 +125,7 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
 
     examples = load_qa(args.qa)[: args.limit]
     answerer = load_answerer(args.model, args.index, resolve_preset(args, "qa"), args.retriever, corpus=args.corpus)
-    result = evaluate_qa(answerer, examples, args.recall_k, Path(args.out))
+    result = evaluate_qa(answerer, examples, args.recall_k, Path(args.out), args.exact_match)
     summary = {**result, "retriever": args.retriever}
     if args.json:
         print(json.dumps(summary))
@@ -220,6 +220,13 @@ def add_commands(commands) -> None:
     eval_qa.add_argument("--qa", required=True)
     eval_qa.add_argument("--out", required=True, help="predictions JSONL")
     eval_qa.add_argument("--recall-k", type=positive_ints, default=[1, 5, 20], help="cut-offs, e.g. 1,5,20")
+    eval_qa.add_argument(
+        "--exact-match",
+        choices=["orqa", "squad"],
+        default="orqa",
+        help="the answer normaliser: orqa (ORQA's eval_utils, which REALM reports with: NFD first; the default) or "
+        "squad (the official SQuAD v1.1 script: no Unicode normalisation)",
+    )
     eval_qa.add_argument("--limit", type=positive_int)
     eval_qa.add_argument("--json", action="store_true")
     common(eval_qa)

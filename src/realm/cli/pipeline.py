@@ -32,6 +32,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         warm_start=args.warm_start,
         qa_train=Path(args.qa_train) if args.qa_train else None,
         qa_dev=Path(args.qa_dev) if args.qa_dev else None,
+        qa_articles=Path(args.qa_articles) if args.qa_articles else None,
         ablations=args.ablations,
         budget_minutes=budget,
         progress=not args.quiet,
@@ -50,6 +51,11 @@ def add_commands(commands) -> None:
     pipeline.add_argument("--warm-start", default=MINILM, help="retriever towers and reader to start from")
     pipeline.add_argument("--qa-train", help="open-QA training questions (JSONL): adds fine-tuning and evaluation")
     pipeline.add_argument("--qa-dev", help="open-QA dev questions (JSONL)")
+    pipeline.add_argument(
+        "--qa-articles",
+        help="a SQuAD file (.json/.zip) naming each training question's article, for a QA file without 'title's: "
+        "the retrievers are chosen on whole held-out articles",
+    )
     pipeline.add_argument(
         "--retriever",
         choices=["dense", "hybrid"],

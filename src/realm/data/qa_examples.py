@@ -1,7 +1,9 @@
 """Open-QA pairs and answer matching: exact match, and whether a text holds an answer.
 
-Exact match is the official SQuAD script's: lowercase, delete `string.punctuation` (ASCII punctuation only),
-delete the articles a/an/the, collapse whitespace, compare. `*.regex.jsonl` answers are regular expressions
+Exact match is ORQA's `eval_utils` (rule "orqa", the default: REALM's open-QA figures are scored with it): NFD,
+lowercase, delete `string.punctuation` (ASCII punctuation only), delete the articles a/an/the, collapse whitespace,
+compare. Rule "squad" is the official SQuAD script, the same without the NFD step (an NFC and an NFD "Frédéric"
+then differ). `*.regex.jsonl` answers are regular expressions
 (CuratedTrec), scored as ORQA's `regex_match_score`: compiled with IGNORECASE | UNICODE | MULTILINE and matched
 at the *start* of the raw prediction (`re.match`, so "Atlantic Ocean" matches `Atlantic`); a pattern that does
 not compile is reported and never matches.
@@ -11,7 +13,10 @@ Whether a text holds an answer (recall@k, the reader's span labels, ORQA's early
 run of letters, digits and marks or any other single non-space character, so punctuation is a token of its own;
 a match is a run of whole lowercased tokens ("Chopin's" holds "Chopin", "1997–98" holds "1997", "New York-based"
 holds "New York"). Articles and punctuation in the answer count, as in DrQA. A regex answer is searched anywhere
-in the NFD text.
+in the NFD text with the NFD pattern (DrQA normalises both), so "Niña" matches however either is composed.
+
+A question may name the article it was written about (`"title"`); `tuning_split` holds out whole articles, so no
+setting is chosen on questions about an article that training saw.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import logging
 import re
 import string
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
@@ -45,10 +51,19 @@ class QAExample:
     question: str
     answers: tuple[str, ...]
     regex: bool = False  # answers are regular expressions
+    article: str | None = None  # the title of the article the question was written about, where the file names it
 
 
-def normalize_answer(text: str) -> str:
-    """The official SQuAD normaliser: lowercase, no ASCII punctuation, no articles, whitespace collapsed."""
+EXACT_MATCH_RULES = {"orqa": "NFD", "squad": None}  # the Unicode normal form each rule applies first
+TUNING_SHARE = 5  # the tuning split holds out whole articles with at most one in this many training questions
+TUNING_SEED = 0  # the article order of the tuning split: the same on every run of the same data
+
+
+def normalize_answer(text: str, rule: str = "orqa") -> str:
+    """The exact-match normaliser of `rule` (EXACT_MATCH_RULES): its Unicode form, lowercase, no ASCII punctuation,
+    no articles, whitespace collapsed."""
+    if form := EXACT_MATCH_RULES[rule]:
+        text = unicodedata.normalize(form, text)
     text = _ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION))
     return " ".join(text.split())
 
@@ -67,6 +82,19 @@ def _compile(pattern: str) -> re.Pattern | None:
         return None
 
 
+# a backslash escaping a non-ASCII character (CuratedTrec writes "Ni\\ña"): NFD would leave it escaping the base
+# letter ("\\n" + a combining tilde: a newline), so it goes first; an escaped backslash before it stays
+_ESCAPED_NON_ASCII = re.compile(r"(?<!\\)((?:\\\\)*)\\([^\x00-\x7f])")
+
+
+def _nfd_regexes(example: QAExample) -> list[re.Pattern]:
+    """The example's answer patterns, NFD-normalised as the text they search is (DrQA normalises the pattern too),
+    those that compile. An escaped non-ASCII letter is that letter in Python's `re`, so unescaping it first keeps
+    the pattern's meaning."""
+    patterns = (unicodedata.normalize("NFD", _ESCAPED_NON_ASCII.sub(r"\1\2", p)) for p in example.answers)
+    return [rx for p in patterns if (rx := _compile(p)) is not None]
+
+
 @lru_cache(maxsize=32768)
 def _text_tokens(text: str) -> tuple[str, ...]:
     """answer_tokens of a block, cached: training checks the same blocks against many questions."""
@@ -83,18 +111,18 @@ def has_answer(text: str, example: QAExample) -> bool:
     answers a match anywhere in the NFD text?"""
     if example.regex:
         raw = unicodedata.normalize("NFD", text)
-        return any((rx := _compile(pattern)) is not None and rx.search(raw) for pattern in example.answers)
+        return any(rx.search(raw) for rx in _nfd_regexes(example))
     tokens = _text_tokens(text)
     return any(run and _contains_run(tokens, run) for run in map(answer_tokens, example.answers))
 
 
-def is_exact_match(prediction: str, example: QAExample) -> bool:
-    """Exact match after normalisation; regex answers: ORQA's `regex_match_score`, a match at the start of the
-    raw prediction."""
+def is_exact_match(prediction: str, example: QAExample, rule: str = "orqa") -> bool:
+    """Exact match after `rule`'s normalisation; regex answers: ORQA's `regex_match_score`, a match at the start
+    of the raw prediction."""
     if example.regex:
         return any((rx := _compile(pattern)) is not None and rx.match(prediction) for pattern in example.answers)
-    prediction = normalize_answer(prediction)
-    return any(prediction == normalize_answer(answer) for answer in example.answers)
+    prediction = normalize_answer(prediction, rule)
+    return any(prediction == normalize_answer(answer, rule) for answer in example.answers)
 
 
 def is_answer_span(text: str, example: QAExample) -> bool:
@@ -102,12 +130,14 @@ def is_answer_span(text: str, example: QAExample) -> bool:
     scoring's prefix match, so the reader learns where an answer ends ("1685", not "1685, and died")."""
     if example.regex:
         raw = unicodedata.normalize("NFD", text).strip()
-        return any((rx := _compile(pattern)) is not None and rx.fullmatch(raw) for pattern in example.answers)
+        return any(rx.fullmatch(raw) for rx in _nfd_regexes(example))
     return is_exact_match(text, example)
 
 
-def load_qa(path: str | Path) -> list[QAExample]:
-    """`{"question": str, "answer": [str, ...]}` per line; `*.regex.jsonl` marks regex answers."""
+def load_qa(path: str | Path, articles: dict[str, str] | None = None) -> list[QAExample]:
+    """`{"question": str, "answer": [str, ...]}` per line, optionally `"title"`: the question's article;
+    `*.regex.jsonl` marks regex answers. `articles`: question -> article title for a file that names none
+    (`sources.squad_question_titles`)."""
     path = Path(path)
     regex = path.name.endswith((".regex.jsonl", ".regex.jsonl.gz"))
     examples = []
@@ -127,6 +157,9 @@ def load_qa(path: str | Path) -> list[QAExample]:
                     or not all(isinstance(a, str) for a in answers)
                 ):
                     raise ValueError("need a non-empty 'question' string and a list of 'answer' strings")
+                article = record.get("title")
+                if article is not None and not isinstance(article, str):
+                    raise ValueError(f"'title' must be a string, got {type(article).__name__}")
                 for pattern in answers if regex else ():
                     if _compile(pattern) is None:
                         log.warning(
@@ -134,10 +167,28 @@ def load_qa(path: str | Path) -> list[QAExample]:
                         )
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
                 raise ValueError(f"{path}:{lineno}: bad QA record: {err!r}") from err
-            examples.append(QAExample(question.strip(), tuple(answers), regex))
+            question = question.strip()
+            article = article or (articles or {}).get(question)
+            examples.append(QAExample(question, tuple(answers), regex, article))
     if not examples:
         raise ValueError(f"{path}: no QA examples")
     return examples
+
+
+def tuning_split(examples: Sequence[QAExample]) -> tuple[list[QAExample], list[QAExample]]:
+    """(what trains, the tuning split), each in file order: whole articles, taken in the order of a seeded hash of
+    their title while they fit in a TUNING_SHARE-th of the questions. A question whose file names no article is
+    an article of its own. Settings are chosen on the tuning split, never on the sets a run reports."""
+    articles: dict[str, list[int]] = {}
+    for i, example in enumerate(examples):
+        articles.setdefault(example.article or f"question: {example.question}", []).append(i)
+    order = sorted(articles, key=lambda a: hashlib.sha256(f"{TUNING_SEED}:{a}".encode()).hexdigest())
+    room, held = len(examples) // TUNING_SHARE, set()
+    for article in order:
+        if len(articles[article]) <= room:
+            held.update(articles[article])
+            room -= len(articles[article])
+    return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
 
 
 def split_qa_file(path: str | Path, dev_fraction: float, out_dir: str | Path) -> tuple[Path, Path, int, int]:

@@ -146,24 +146,35 @@ def build_sentences(store: BlockStore, progress: bool = True) -> Path:
     return path
 
 
-def is_held_out(doc_id: str, fraction: float) -> bool:
-    """Stable split by document: held-out sentences never come from a training document."""
-    return int(hashlib.sha1(doc_id.encode()).hexdigest()[:8], 16) % 10_000 < fraction * 10_000
+def _document_hash(doc_id: str) -> int:
+    return int(hashlib.sha1(doc_id.encode()).hexdigest()[:16], 16)
+
+
+def document_part(doc_id: str, fraction: float) -> str:
+    """Which part of a stable split by document a sentence belongs to: "train", or of the held-out `fraction`,
+    "tuning" (settings are compared on it) or "test" (runs report it), half each. Held-out sentences never come
+    from a training document, and a setting is never chosen on the sentences its run reports."""
+    h = _document_hash(doc_id)
+    if (h >> 32) % 10_000 >= fraction * 10_000:
+        return "train"
+    return "tuning" if h % 2 == 0 else "test"
 
 
 class SentenceSet:
-    """The cached sentences, split into training and held-out by document."""
+    """The cached sentences of one part of the split by document (`document_part`)."""
 
-    def __init__(self, path: Path, held_out_fraction: float, held_out: bool = False):
+    def __init__(self, path: Path, held_out_fraction: float, part: str = "train"):
+        if part not in ("train", "tuning", "test"):
+            raise ValueError(f"part must be train, tuning or test, not {part!r}")
         with pa.memory_map(str(path)) as source:
             table = pa.ipc.open_file(source).read_all()
         doc_ids = table.column("doc_id").to_pylist()
-        keep = [i for i, d in enumerate(doc_ids) if is_held_out(d, held_out_fraction) == held_out]
+        keep = [i for i, d in enumerate(doc_ids) if document_part(d, held_out_fraction) == part]
         self.doc_ids = [doc_ids[i] for i in keep]
         texts, starts, ends = (table.column(c).to_pylist() for c in ("text", "span_starts", "span_ends"))
         self.texts = [texts[i] for i in keep]
         self.spans = [list(zip(starts[i], ends[i])) for i in keep]
-        self.tagged = len(keep)  # sentences of this split before any filter
+        self.tagged = len(keep)  # sentences of this part before any filter
 
     def __len__(self) -> int:
         return len(self.texts)

@@ -189,8 +189,6 @@ def read_parquet(path: Path, skip_bad: bool, bad: BadRecords, columns: Columns) 
 
 def _squad_documents(data: dict, where: str, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
     """SQuAD v1.1/v2.0 layout: one document per paragraph, id `squad:<article>:<paragraph>`."""
-    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-        raise CorpusError(f"{where}: not a SQuAD file (expected an object with a 'data' list)")
     for a, article in enumerate(data["data"]):
         title = str(article.get("title", "")).replace("_", " ").strip()
         for p, paragraph in enumerate(article.get("paragraphs", [])):
@@ -201,7 +199,8 @@ def _squad_documents(data: dict, where: str, skip_bad: bool, bad: BadRecords) ->
             yield Document(id=f"squad:{a}:{p}", title=title, text=context)
 
 
-def read_squad(path: Path, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
+def load_squad_json(path: Path) -> dict:
+    """A SQuAD v1.1/v2.0 file (.json, or a .zip holding one) as parsed JSON."""
     try:
         if path.suffix == ".zip":
             with zipfile.ZipFile(path) as archive:
@@ -212,9 +211,28 @@ def read_squad(path: Path, skip_bad: bool, bad: BadRecords) -> Iterator[Document
         else:
             raw = path.read_bytes()
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, zipfile.BadZipFile) as err:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, zipfile.BadZipFile) as err:
         raise CorpusError(f"{path}: cannot be read as SQuAD JSON: {err}") from err
-    yield from _squad_documents(data, str(path), skip_bad, bad)
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise CorpusError(f"{path}: not a SQuAD file (expected an object with a 'data' list)")
+    return data
+
+
+def read_squad(path: Path, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
+    yield from _squad_documents(load_squad_json(path), str(path), skip_bad, bad)
+
+
+def squad_question_titles(path: Path) -> dict[str, str]:
+    """Each question of a SQuAD file (stripped text) -> the title of the article it was written about; a question
+    asked of two articles keeps the first."""
+    titles: dict[str, str] = {}
+    for article in load_squad_json(Path(path))["data"]:
+        title = str(article.get("title", "")).replace("_", " ").strip()
+        for paragraph in article.get("paragraphs", []):
+            for qa in paragraph.get("qas", []) if isinstance(paragraph, dict) else []:
+                if isinstance(qa, dict) and isinstance(qa.get("question"), str):
+                    titles.setdefault(qa["question"].strip(), title)
+    return titles
 
 
 def fetch_vital_articles() -> Path:

@@ -22,26 +22,32 @@ from realm.eval.retrieval import first_answer_ranks, recall_from_ranks
 OUTCOMES = ("exact_match", "not_retrieved", "retrieved_not_read", "read_not_exact")
 
 
-def outcome(prediction: str, example: QAExample, retrieved: bool) -> str:
-    """Which of OUTCOMES a prediction is (`retrieved`: a block given to the reader holds a reference answer)."""
-    if is_exact_match(prediction, example):
+def outcome(prediction: str, example: QAExample, retrieved: bool, rule: str = "orqa") -> str:
+    """Which of OUTCOMES a prediction is (`retrieved`: a block given to the reader holds a reference answer;
+    `rule`: the exact-match normaliser, qa_examples.EXACT_MATCH_RULES)."""
+    if is_exact_match(prediction, example, rule):
         return "exact_match"
     if not retrieved:
         return "not_retrieved"
     if example.regex:
         overlaps = has_answer(prediction, example)
     else:
-        words = set(normalize_answer(prediction).split())
-        overlaps = any(words & set(normalize_answer(answer).split()) for answer in example.answers)
+        words = set(normalize_answer(prediction, rule).split())
+        overlaps = any(words & set(normalize_answer(answer, rule).split()) for answer in example.answers)
     return "read_not_exact" if overlaps else "retrieved_not_read"
 
 
 def evaluate_qa(
-    answerer: Answerer, examples: Sequence[QAExample], recall_ks: Sequence[int], predictions: Path | None = None
+    answerer: Answerer,
+    examples: Sequence[QAExample],
+    recall_ks: Sequence[int],
+    predictions: Path | None = None,
+    exact_match: str = "orqa",
 ) -> dict:
     """Exact match and recall@k on `examples` (one search serves both); optionally a predictions JSONL with
     each question's answer, score, outcome and evidence. Returns the summary (percentages rounded to 0.01), with
-    the 95% bootstrap interval of the exact match over questions and the percentage of each outcome."""
+    the 95% bootstrap interval of the exact match over questions, the percentage of each outcome and the
+    `exact_match` rule it scored with (ORQA's NFD normaliser, REALM's, or the official SQuAD script's)."""
     from realm.index.search import search_all
 
     ks = sorted(set(recall_ks) | {answerer.k})
@@ -60,7 +66,7 @@ def evaluate_qa(
         )
     first_hit = first_answer_ranks(examples, hits)
     retrieved = [r is not None for r in first_answer_ranks(examples, read_hits)]
-    outcomes = [outcome(a.answer, e, ok) for a, e, ok in zip(answers, examples, retrieved)]
+    outcomes = [outcome(a.answer, e, ok, exact_match) for a, e, ok in zip(answers, examples, retrieved)]
     correct = [o == "exact_match" for o in outcomes]
     if predictions is not None:
         lines = [
@@ -84,6 +90,7 @@ def evaluate_qa(
     return {
         "exact_match": round(100.0 * sum(correct) / len(examples), 2),
         "exact_match_95ci": [round(low, 2), round(high, 2)],
+        "exact_match_rule": exact_match,
         **{name: round(value, 2) for name, value in recall_from_ranks(first_hit, ks).items()},
         "outcomes": {name: round(100.0 * outcomes.count(name) / len(examples), 2) for name in OUTCOMES},
         "questions": len(examples),

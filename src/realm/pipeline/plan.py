@@ -214,9 +214,10 @@ def costed_for(preset: Preset, dtype: torch.dtype) -> Preset:
 
 
 def qa_scoring_seconds(preset: Preset, work: Workload, steps: int) -> float:
-    """Fine-tuning scores the dev questions (up to `dev_limit`) after each epoch and at its last step."""
+    """Fine-tuning scores the held-out training questions (up to `dev_limit`) after each epoch and at its last
+    step."""
     per_epoch = math.ceil(work.qa_train / preset.qa.batch_size)
-    questions = min(work.qa_dev, preset.qa.dev_limit or work.qa_dev)
+    questions = min(work.qa_held_out, preset.qa.dev_limit or work.qa_held_out)
     return math.ceil(steps / per_epoch) * questions * preset.costs.qa_question
 
 
@@ -549,6 +550,7 @@ class PipelineOptions:
     warm_start: str = "minilm"  # both retriever towers and the reader ("random": tests)
     qa_train: Path | None = None
     qa_dev: Path | None = None
+    qa_articles: Path | None = None  # a SQuAD file naming each training question's article (tuning_split)
     ablations: bool = False
     budget_minutes: float | None = None
     progress: bool = True

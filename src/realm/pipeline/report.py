@@ -151,9 +151,8 @@ def _qa_start(doc: ReportDocument, r: dict) -> None:
     recall = ", ".join(f"{label} {value:.2f}" for label, value in start["recall@5"].items())
     why = "fixed by --ablations, which compare REALM pretraining" if start["fixed"] else "the highest"
     doc.paragraph(
-        f"Retriever: **{start['retriever']}** ({why}; zero-shot recall@5 on the first {start['questions']} training "
-        f"questions, which fine-tuning holds out: {recall}). Reader: **{start['reader']}**, because "
-        f"{READER_REASONS[start['reader']]}."
+        f"Retriever: **{start['retriever']}** ({why}; zero-shot recall@5 on {_selection(start)}: {recall}). "
+        f"Reader: **{start['reader']}**: {READER_REASONS[start['reader']]}."
     )
     if query_tower:
         held_out = query_tower["recall@5"]
@@ -163,6 +162,15 @@ def _qa_start(doc: ReportDocument, r: dict) -> None:
             f"questions, fine-tuned {held_out['fine-tuned']:.2f} vs start {held_out['start']:.2f}; the fine-tuned tower "
             "is kept only when it is higher."
         )
+
+
+def _selection(start: dict) -> str:
+    """Which training questions chose the QA start: a sample of the tuning split's, whose articles fine-tuning
+    never sees (a run before the split: the first of the file)."""
+    if "articles" not in start:
+        return f"the first {start['questions']} training questions, which fine-tuning holds out"
+    of = f"of {start['articles']} articles " if start["articles"] else "(the file names no articles) "
+    return f"{start['questions']} training questions {of}held out of fine-tuning (the tuning split)"
 
 
 def _query_tower_label(r: dict) -> str:
@@ -176,7 +184,6 @@ def _qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     chosen = r["qa_start"]["retriever"] if "qa_start" in r else "REALM"
     doc.heading("Retrieval recall on the dev questions")
     questions = _questions(ev)
-    selection = min(plan.preset.qa.dev_limit or questions["dev"], questions["dev"])
     evaluated = (
         f"the {questions['dev']:,} dev questions"
         if questions["evaluated"] >= questions["dev"]
@@ -184,9 +191,9 @@ def _qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
         "the evaluation answered)"
     )
     doc.paragraph(
-        f"Percent of {evaluated} with an answer-bearing block in the top k. Fine-tuning scores the first "
-        f"{selection} dev questions at the end of each epoch (and of the run) and keeps the best checkpoint, so with "
-        "more than one epoch the exact match below is slightly optimistic."
+        f"Percent of {evaluated} with an answer-bearing block in the top k. The dev questions choose nothing: "
+        "fine-tuning keeps its best checkpoint, and the run its retrievers, by training questions of articles "
+        "held out of fine-tuning (the tuning split)."
     )
     ks = ["recall@1", "recall@5", "recall@20"]
     rows = [["BM25", *(ev["bm25"].get(k) for k in ks)]]

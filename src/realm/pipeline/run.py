@@ -24,6 +24,7 @@ from pathlib import Path
 from realm.common.weights import MINILM
 from realm.config import Preset
 from realm.data.qa_examples import QAExample, load_qa
+from realm.data.sources import squad_question_titles
 from realm.index.mips import MipsIndex
 from realm.models.mlm_reader import Reader
 from realm.models.retriever import Retriever
@@ -58,14 +59,16 @@ class Pipeline:
         self.run_dir = Path(options.run_dir)
         self.stages = Stages(self.run_dir, echo, on_finish=lambda: self.report(complete=False))
         self.echo = echo
-        qa_train = load_qa(options.qa_train) if options.qa_train else []
-        if options.qa_train and len(qa_train) < stage_work.HELD_OUT_SHARE:
-            raise ValueError(
-                f"{options.qa_train}: {len(qa_train)} questions; QA fine-tuning needs at least {stage_work.HELD_OUT_SHARE} "
-                "(a fifth of them held out to choose retrievers on)"
-            )
-        # what QA fine-tunes on, and the training questions it holds out to choose its start and its query tower on
+        articles = squad_question_titles(options.qa_articles) if options.qa_articles else None
+        qa_train = load_qa(options.qa_train, articles) if options.qa_train else []
+        # what QA fine-tunes on, and the training questions of held-out articles that choose its start and its
+        # query tower (split_training_questions)
         self.qa_train, self.qa_held_out = stage_work.split_training_questions(qa_train)
+        if options.qa_train and not self.qa_held_out:
+            raise ValueError(
+                f"{options.qa_train}: {len(qa_train)} questions, and no article's questions fit in a fifth of them; "
+                "QA fine-tuning holds out whole articles to choose retrievers on: give more questions or articles"
+            )
         self.qa_dev: list[QAExample] = load_qa(options.qa_dev) if options.qa_dev else []
         self.plan: PipelinePlan | None = None
         self.began = time.time()  # the report counts this invocation's time from here
@@ -161,9 +164,17 @@ class Pipeline:
         evaluated = self.dev_sample() if evaluate else None
 
         def work(folder: Path, resume: bool) -> dict:
-            data = (self.qa_train, self.qa_held_out, self.qa_dev)
             return stage_work.finetune(
-                model_folder, index_folder, reader, *data, preset, folder, resume, self.options.progress, evaluated
+                model_folder,
+                index_folder,
+                reader,
+                self.qa_train,
+                self.qa_held_out,
+                preset,
+                folder,
+                resume,
+                self.options.progress,
+                evaluated,
             )
 
         settings = qa_settings(preset) | {
@@ -171,7 +182,7 @@ class Pipeline:
             "evaluate": len(evaluated) if evaluated is not None else False,
             "reader": str(reader) if reader else None,
             "data": [describe_input(str(self.options.qa_train)), describe_input(str(self.options.qa_dev))],
-            "held_out": len(self.qa_held_out),
+            "held_out": self.selection(),
         }
         return self.stages.run(name, settings, work)
 
@@ -189,7 +200,16 @@ class Pipeline:
             "data": describe_input(str(self.options.qa_train)),
         }
         work = lambda folder, resume: stage_work.choose_qa_start(folders, self.qa_held_out, preset, reader, fixed)  # noqa: E731
-        return self.stages.run("qa_start", settings | {"questions": len(self.qa_held_out)}, work)
+        return self.stages.run("qa_start", settings | {"questions": self.selection()}, work)
+
+    def selection(self) -> dict:
+        """What chose the retrievers, for the fingerprints: how many questions, of which articles."""
+        articles = self.options.qa_articles
+        return {
+            "questions": len(self.qa_held_out),
+            "articles": len({e.article for e in self.qa_held_out}) if self.qa_held_out[0].article else None,
+            "named_by": describe_input(str(articles)) if articles else None,
+        }
 
     def evaluate(
         self, preset: Preset, qa: StageRecord, zero_shot: dict[str, tuple[StageRecord, Path]], index_folder: Path

@@ -18,7 +18,7 @@ from realm.common.io import write_dir_atomic, write_json_atomic
 from realm.common.tokenization import load_tokenizer, resolve_tokenizer_dir
 from realm.config import Preset
 from realm.data.blocks import BlockStore, build_corpus
-from realm.data.qa_examples import QAExample
+from realm.data.qa_examples import QAExample, tuning_split
 from realm.data.recoverable import SpanFinder
 from realm.data.sentences import SentenceSet, sentences_path
 from realm.eval.answerer import load_answerer, load_answerers
@@ -91,28 +91,28 @@ def finetune(
     reader: Path | None,
     train: Sequence[QAExample],
     held_out: Sequence[QAExample],
-    dev: Sequence[QAExample],
     preset: Preset,
     folder: Path,
     resume: bool,
     progress: bool,
     evaluated: Sequence[QAExample] | None,
 ) -> dict:
-    """Fine-tune on `train` (dev EM after each epoch), keep the better query tower on the `held_out` training
-    questions (keep_query_tower), and score the best model on the dev questions `evaluated` (None: not here)."""
+    """Fine-tune on `train`, keeping the checkpoint with the best EM on the `held_out` training questions (after
+    each epoch) and the better query tower on them (keep_query_tower); score the best model on `evaluated` (the
+    dev questions a run reports; None: not here). The reported questions choose nothing."""
 
     best = train_qa(
         str(model_folder),
         index_folder,
         train,
-        dev,
+        held_out,
         folder,
         preset,
         resume=resume,
         progress=progress,
         reader_spec=str(reader) if reader else None,
     )
-    result = {"dev": json.loads((best / "dev.json").read_text()), "train": last_metrics(folder)}
+    result = {"held_out": json.loads((best / "dev.json").read_text()), "train": last_metrics(folder)}
     result["query_tower"] = keep_query_tower(best, model_folder / "retriever", index_folder, held_out, preset)
     if evaluated is not None:
         answerer = load_answerer(str(best), index_folder, preset)
@@ -147,15 +147,19 @@ def keep_query_tower(
 
 
 SYSTEMS = ("dense", "bm25", "hybrid")  # the fine-tuned reader with each retriever
-SELECTION_QUESTIONS = 500  # training questions held out of QA fine-tuning to choose retrievers on (never dev ones)
-HELD_OUT_SHARE = 5  # of fewer training questions, one in this many is held out
+SELECTION_QUESTIONS = 500  # of the tuning split's training questions, those that choose retrievers (never dev ones)
+SELECTION_SEED = 0
 
 
 def split_training_questions(questions: Sequence[QAExample]) -> tuple[list[QAExample], list[QAExample]]:
-    """(what QA fine-tunes on, what it holds out): the first SELECTION_QUESTIONS (at most one in HELD_OUT_SHARE)
-    choose the retriever fine-tuning starts from and the query tower it ends with, on questions it never trains on."""
-    held = min(SELECTION_QUESTIONS, len(questions) // HELD_OUT_SHARE)
-    return list(questions[held:]), list(questions[:held])
+    """(what QA fine-tunes on, what chooses the retriever fine-tuning starts from and the query tower it ends
+    with): the tuning split's articles are held out of fine-tuning (`tuning_split`), and a seeded sample of at
+    most SELECTION_QUESTIONS of their questions, in file order, makes the choices."""
+    train, tuning = tuning_split(questions)
+    if len(tuning) > SELECTION_QUESTIONS:
+        rows = np.random.default_rng(SELECTION_SEED).choice(len(tuning), size=SELECTION_QUESTIONS, replace=False)
+        tuning = [tuning[i] for i in sorted(rows.tolist())]
+    return train, tuning
 
 
 def zero_shot_recall(
@@ -190,6 +194,7 @@ def choose_qa_start(
         "fixed": fixed is not None,
         "recall@5": recall,
         "questions": len(questions),
+        "articles": len({e.article for e in questions}) if all(e.article for e in questions) else None,
     }
 
 
@@ -242,7 +247,7 @@ def held_out_scoring(corpus: Path, realm_run: Path, preset: Preset) -> tuple:
         Retriever.load(str(realm_run / "retriever"), preset.retriever), Reader.load(str(realm_run / "reader"))
     ).to(default_device())
     tokens, masks = preset.retriever.query_max_tokens, preset.pretrain.max_masks
-    held_out = SentenceSet(sentences_path(store), preset.pretrain.held_out_fraction, held_out=True)
+    held_out = SentenceSet(sentences_path(store), preset.pretrain.held_out_fraction, part="test")  # never tuned on
     held_out = held_out.with_salient_spans(model.retriever.tokenizer, tokens, masks)  # what can be masked
     return model, held_out, store, MipsIndex(realm_run / "index"), SpanFinder(store, model.retriever.tokenizer)
 
@@ -252,6 +257,11 @@ def pretraining_examples(corpus: Path, realm_run: Path, preset: Preset, sentence
     (`sentences` of them drawn with SCORING's seed, where there are more)."""
 
     model, held_out, store, index, finder = held_out_scoring(corpus, realm_run, preset)
+    if not len(held_out):
+        raise ValueError(
+            f"{corpus}: no held-out test sentence has a salient span to mask ({held_out.tagged} in the test half of "
+            f"the {preset.pretrain.held_out_fraction:.0%} of documents held out): hold out more (held_out_fraction)"
+        )
     k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
     examples = worked_examples(model, held_out, store, index, k, tokens, masks, pool=EXAMPLE_POOL, finder=finder)
     sample = held_out.sample(sentences, SCORING["sample_seed"])

@@ -287,7 +287,7 @@ def training_sentences(
     needed = cfg.masking == "salient" or cfg.reader_warmup == "holder"
     finder = SpanFinder(store, model.retriever.tokenizer) if needed and small else None
     only = finder if cfg.salient_spans == "recoverable" else None
-    sentences = SentenceSet(sentences_path(store), cfg.held_out_fraction, held_out=False).for_masking(
+    sentences = SentenceSet(sentences_path(store), cfg.held_out_fraction).for_masking(
         cfg.masking, model.retriever.tokenizer, preset.retriever.query_max_tokens, cfg.max_masks, only
     )
     usage = {"masking": cfg.masking, "salient_spans": cfg.salient_spans, **sentences.usage()}
