@@ -43,7 +43,7 @@ from realm.index.search import Searcher, open_searcher, search_all
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmModel
 from realm.models.retriever import Retriever
-from realm.pipeline.work import EXAMPLE_POOL, held_out_scoring
+from realm.pipeline.work import EXAMPLE_POOL, SCORING, held_out_scoring
 
 KS = (1, 5, 20)
 
@@ -91,7 +91,9 @@ def main() -> None:
     parser.add_argument("--warm-start", help="RETRIEVER=INDEX: the baseline for zero-shot recall")
     parser.add_argument("--qa", help="questions for zero-shot recall (needs --warm-start and each run's INDEX)")
     parser.add_argument("--preset", default="cpu")
-    parser.add_argument("--limit", type=int, help="at most this many held-out sentences (default: all)")
+    parser.add_argument(
+        "--limit", type=int, help="a seeded sample of this many held-out sentences with a salient span (default: all)"
+    )
     parser.add_argument(
         "--every-span",
         action="store_true",
@@ -117,7 +119,11 @@ def main() -> None:
     )
     k = preset.pretrain.num_candidates
 
-    finder = SpanFinder(store, load_tokenizer(minilm_dir()))  # the cpu preset's tokenizer normalises the words
+    tokenizer = load_tokenizer(minilm_dir())  # the cpu preset's tokenizer normalises the words
+    finder = SpanFinder(store, tokenizer)
+    if args.limit:  # a seeded sample spread over the part, as the pipeline draws its own (not the first in order)
+        tokens, masks = preset.retriever.query_max_tokens, preset.pretrain.max_masks
+        held_out = held_out.with_salient_spans(tokenizer, tokens, masks).sample(args.limit, SCORING["sample_seed"])
     print(
         f"\n| run | masked spans (sentences) | token acc. with retrieval ({k} candidates) | null document only "
         "| gain [95%] | p(null) | recoverable / retrieved spans | gain on retrieved spans [95%] "
@@ -138,7 +144,7 @@ def main() -> None:
             k,
             preset.retriever.query_max_tokens,
             preset.pretrain.max_masks,
-            limit=args.limit,
+            limit=None,
             every_span=args.every_span,
             finder=finder,
         )

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
+from typing import Literal
 
 import regex
 
@@ -54,7 +55,10 @@ class QAExample:
     article: str | None = None  # the title of the article the question was written about, where the file names it
 
 
-EXACT_MATCH_RULES = {"orqa": "NFD", "squad": None}  # the Unicode normal form each rule applies first
+EXACT_MATCH_RULES: dict[str, Literal["NFD"] | None] = {
+    "orqa": "NFD",
+    "squad": None,
+}  # the Unicode normal form each rule applies first
 TUNING_SHARE = 5  # the tuning split holds out whole articles with at most one in this many training questions
 TUNING_SEED = 0  # the article order of the tuning split: the same on every run of the same data
 

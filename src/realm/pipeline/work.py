@@ -274,6 +274,7 @@ def pretraining_examples(corpus: Path, realm_run: Path, preset: Preset, sentence
         "held_out_sentences": len(held_out),  # with a maskable salient span
         "scored_sentences": len(sample),
         "held_out_sentences_tagged": held_out.tagged,
+        "held_out_part": "test",  # of the held-out documents (data/sentences.py: document_part)
         "pool": EXAMPLE_POOL,
         "examples": [e.to_dict() for e in examples],
         "with_retrieval": scored,
