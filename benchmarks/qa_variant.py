@@ -54,7 +54,7 @@ def main() -> None:
 
     preset = get_preset(args.preset)
     preset = dataclasses.replace(preset, qa=dataclasses.replace(preset.qa, **changed_settings(args.set, QAConfig)))
-    titles = squad_question_titles(Path(args.qa_articles)) if args.qa_articles else None
+    titles = squad_question_titles(args.qa_articles)
     train, dev = tuning_split(load_qa(args.train, titles))
     if args.train_limit:  # the questions come article by article: sample across all of them
         train = [train[i] for i in sorted(np.random.default_rng(0).permutation(len(train))[: args.train_limit])]

@@ -47,7 +47,7 @@ def main() -> None:
     if args.steps:
         preset = dataclasses.replace(preset, qa=dataclasses.replace(preset.qa, steps=args.steps))
     out = Path(args.out)
-    questions = load_qa(args.qa_train, squad_question_titles(Path(args.qa_articles)) if args.qa_articles else None)
+    questions = load_qa(args.qa_train, squad_question_titles(args.qa_articles))
     train, held_out = stage_work.split_training_questions(questions)
     tuning = tuning_split(questions)[1]
     print(f"fine-tuning on {len(train):,} questions; scoring on the tuning split's {len(tuning):,}")

@@ -16,7 +16,6 @@ Runs that kept the warm start's document tower (`--doc-tower fixed`) differ in t
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from pretrain_eval import KS, searcher_hits
 
@@ -52,7 +51,7 @@ def main() -> None:
     parser.add_argument("--preset", default="cpu")
     args = parser.parse_args()
     preset = get_preset(args.preset)
-    questions = load_qa(args.qa, squad_question_titles(Path(args.qa_articles)) if args.qa_articles else None)
+    questions = load_qa(args.qa, squad_question_titles(args.qa_articles))
     if args.tuning:
         questions = tuning_split(questions)[1]
     specs = [spec.split("=") for spec in args.retriever]

@@ -222,9 +222,11 @@ def read_squad(path: Path, skip_bad: bool, bad: BadRecords) -> Iterator[Document
     yield from _squad_documents(load_squad_json(path), str(path), skip_bad, bad)
 
 
-def squad_question_titles(path: Path) -> dict[str, str]:
+def squad_question_titles(path: str | Path | None) -> dict[str, str] | None:
     """Each question of a SQuAD file (stripped text) -> the title of the article it was written about; a question
-    asked of two articles keeps the first."""
+    asked of two articles keeps the first. No file: None (the questions name their own articles, or none)."""
+    if path is None:
+        return None
     titles: dict[str, str] = {}
     for article in load_squad_json(Path(path))["data"]:
         title = str(article.get("title", "")).replace("_", " ").strip()

@@ -59,7 +59,7 @@ class Pipeline:
         self.run_dir = Path(options.run_dir)
         self.stages = Stages(self.run_dir, echo, on_finish=lambda: self.report(complete=False))
         self.echo = echo
-        articles = squad_question_titles(options.qa_articles) if options.qa_articles else None
+        articles = squad_question_titles(options.qa_articles)
         qa_train = load_qa(options.qa_train, articles) if options.qa_train else []
         # what QA fine-tunes on, and the training questions of held-out articles that choose its start and its
         # query tower (split_training_questions)
