@@ -23,8 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pretrain_branch import changed_settings
 from worktree import ROOT, base_worktree
+
+from realm.config import parse_settings
 
 TRAIN = """
 import dataclasses, json, sys
@@ -67,7 +68,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--set", nargs="*", default=[], help="a second run of this tree with these settings")
     args = parser.parse_args()
-    varied = changed_settings(args.set)
+    varied = parse_settings(args.set)
     with tempfile.TemporaryDirectory() as tmp, base_worktree(args.base) as base:
         runs = {f"base {args.base}": (base / "src", {}), "this tree": (ROOT / "src", {})}
         if varied:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How held-out masked-LM accuracy moves with REALM's retrieval steps, on one CUDA GPU (docs/results.md, "Retrieval
+# How held-out masked-LM accuracy moves with REALM's retrieval steps, on one CUDA GPU (docs/log, "Retrieval
 # steps on a GPU"): one null-document warm-up of the MiniLM reader (2,007 steps: the README main command's without
 # ICT), then separate runs of N retrieval steps from it in parallel (batch 8, 4 candidates, the query tower alone
 # training: the cpu preset), each scored on every salient span of every held-out sentence.
@@ -27,7 +27,7 @@ for n in ${STEPS:-600 1500 4000}; do
     ( realm train pretrain $common $frozen --out $R/ret$n --retriever minilm --reader $R/null/reader --steps $n \
         --num-candidates 4 --null-warmup-steps 0 > $R/ret$n.log 2>&1
       cp $R/ret$n/metrics.jsonl $O/metrics_ret$n.jsonl
-      python3 benchmarks/pretrain_eval.py --corpus $C --run ret$n=$R/ret$n --every-span --limit 1728 > $O/eval_ret$n.md 2>&1
+      python3 experiments/pretrain_eval.py --corpus $C --run ret$n=$R/ret$n --every-span --limit 1728 > $O/eval_ret$n.md 2>&1
       echo "ret$n trained and scored: $(( $(date +%s) - t0 )) s"; tail -n 1 $O/eval_ret$n.md ) &
 done
 wait

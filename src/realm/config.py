@@ -186,7 +186,7 @@ class QAConfig:
 class StageCosts:
     """What a unit of work costs, so `realm pipeline --budget-minutes` can scale step counts to fit: measured on the
     machine before planning (pipeline/calibrate.py); these constants (the 2-core development machine, at 62bcf5a,
-    rounded up: docs/benchmarks.md) only where that cannot run."""
+    rounded up: docs/log) only where that cannot run."""
 
     source: str = "the preset's constants"  # or what measured them
     fixed_seconds: float = 60.0  # after the stages: the report, the process end
@@ -212,7 +212,7 @@ class StageCosts:
     qa_startup: float = 20.0
 
 
-# The same 2-core EPYC class with AVX2 only (every stage in fp32), measured there (docs/benchmarks.md, "Stage costs
+# The same 2-core EPYC class with AVX2 only (every stage in fp32), measured there (docs/log, "Stage costs
 # without bf16"), rounded up; the frozen-index step not measured: the bf16 frozen/refreshing ratio applied.
 FP32_CPU_COSTS = StageCosts(
     source="the preset's fp32 constants (no bf16 matmul here)",
@@ -226,7 +226,7 @@ FP32_CPU_COSTS = StageCosts(
     qa_question=0.17,
     qa_systems_question=0.51,
     recall_question=0.02,
-    scored_sentence=0.9,  # held-out scoring and worked examples 16.7 min for 1,100 (docs/results.md, seventeenth part)
+    scored_sentence=0.9,  # held-out scoring and worked examples 16.7 min for 1,100 (docs/log, seventeenth part)
 )
 
 
@@ -271,19 +271,19 @@ PRESETS: dict[str, Preset] = {
         index=IndexConfig(),
         ict=ICTConfig(steps=200, batch_size=32, lr=5e-5, warmup_steps=20, checkpoint_every=50, log_every=5),
         pretrain=PretrainConfig(
-            # results.md, twelfth part: 1,000 warm-up steps (the reader starts to copy after 600-800), then 100
+            # docs/log, twelfth part: 1,000 warm-up steps (the reader starts to copy after 600-800), then 100
             # retrieval steps, in which the query tower trains
             steps=1100,
             batch_size=8,
             lr=1e-4,
             head_lr_multiplier=10.0,
             warmup_steps=20,
-            # results.md, fifteenth part: at 1e-5 the query tower fell below MiniLM's zero-shot recall (-0.60 on
+            # docs/log, fifteenth part: at 1e-5 the query tower fell below MiniLM's zero-shot recall (-0.60 on
             # SQuAD); at 3e-6 it never did and gained a little on three question sets, the held-out gain no lower
             retriever_lr=3e-6,
             doc_tower="fixed",
             null_warmup_steps=1000,
-            # results.md, "A reader that copies": the warm-up reads the sentence's own block, whole or without the
+            # docs/log, "A reader that copies": the warm-up reads the sentence's own block, whole or without the
             # sentence, and each candidate is also scored alone, so that the reader learns to use a block
             reader_warmup="copy+context",
             reader_warmup_window=24,  # 24 words each side of the sentence: cheaper steps, as good a reader (twelfth part)
@@ -301,7 +301,7 @@ PRESETS: dict[str, Preset] = {
         qa=QAConfig(
             epochs=1,
             batch_size=8,
-            lr=1e-4,  # docs/results.md: one epoch at 1e-4 from MiniLM reached 44.8 EM dense, 50.1 with BM25
+            lr=1e-4,  # docs/log: one epoch at 1e-4 from MiniLM reached 44.8 EM dense, 50.1 with BM25
             head_lr_multiplier=10.0,
             retriever_lr=1e-5,
             beam=100,
@@ -312,8 +312,8 @@ PRESETS: dict[str, Preset] = {
             log_every=5,
         ),
         fp32_costs=FP32_CPU_COSTS,
-        pipeline_budget_minutes=70,  # buys 1,000 warm-up steps on a slow 2-core fp32 machine (results.md, twelfth part)
-        pipeline_ict=False,  # results.md, "The README main command without ICT": its minutes buy REALM steps
+        pipeline_budget_minutes=70,  # buys 1,000 warm-up steps on a slow 2-core fp32 machine (docs/log, twelfth part)
+        pipeline_ict=False,  # docs/log, "The README main command without ICT": its minutes buy REALM steps
     ),
     "paper": Preset(
         name="paper",
@@ -340,6 +340,22 @@ def _flatten(value, prefix: str = "") -> dict[str, object]:
     if isinstance(value, dict):
         return {k: v for key, item in value.items() for k, v in _flatten(item, f"{prefix}{key}.").items()}
     return {prefix.rstrip("."): value}
+
+
+def parse_settings(pairs: list[str], config: type = PretrainConfig) -> dict[str, object]:
+    """`key=value` -> {key: value}, each a field of the dataclass `config`; values read as JSON where they parse
+    (the experiments' `--set`)."""
+    fields = {f.name for f in dataclasses.fields(config)}
+    changes: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"--set {pair!r}: expected key=value with key one of {', '.join(sorted(fields))}")
+        try:
+            changes[key] = json.loads(text)
+        except json.JSONDecodeError:
+            changes[key] = text
+    return changes
 
 
 def read_run_config(folder: Path) -> dict | None:

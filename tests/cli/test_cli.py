@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -152,29 +153,24 @@ def test_builtin_vital_articles_matches_shared_copy():
 
 
 @pytest.mark.slow
-def test_pipeline_with_the_real_model_fits_a_tiny_budget(squad_slice, tmp_path, capsys):
-    """Every stage with MiniLM on real SQuAD paragraphs and questions, the budget cutting training to a few steps.
-    7 minutes: on a slow 2-core machine (AVX2 only, fp32) the calibration alone takes 3.6 and the fixed costs 6."""
+def test_pipeline_with_the_real_model_fits_the_least_budget_this_machine_accepts(squad_slice, tmp_path, capsys):
+    """Every stage with MiniLM on real SQuAD paragraphs and questions. A 1-minute budget is refused after the fixed
+    costs are measured, naming the budget this machine needs; the same command with it reuses those stages and fits
+    (about 4 minutes on a 2-core bf16 CPU, 7 on an AVX2-only one, where the calibration alone takes 3.6)."""
     run = tmp_path / "run"
-    args = [
-        "pipeline",
-        "--inputs",
-        str(squad_slice / "docs.jsonl"),
-        "--run-dir",
-        str(run),
-        "--quiet",
-        "--qa-train",
-        str(squad_slice / "qa.jsonl"),
-        "--qa-dev",
-        str(squad_slice / "qa.jsonl"),
-        "--budget-minutes",
-        "7",
-    ]
+    args = ["pipeline", "--inputs", str(squad_slice / "docs.jsonl"), "--run-dir", str(run), "--quiet"]
+    args += ["--qa-train", str(squad_slice / "qa.jsonl"), "--qa-dev", str(squad_slice / "qa.jsonl")]
+    assert main([*args, "--budget-minutes", "1"]) == 2
+    refused = capsys.readouterr().err
+    needed = re.search(r"pass --budget-minutes (\d+) or more", refused)
+    assert refused.startswith("realm: error: a budget of 1 min is too small here") and needed, refused
+    args += ["--budget-minutes", needed[1]]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "budget of 7 min" in out and "report:" in out
+    assert "calibration: up to date" in out  # the refused run's measurements are kept
+    assert f"budget of {needed[1]} min" in out and "report:" in out
     plan = json.loads((run / "plan.json").read_text())
-    assert plan["estimated_minutes"] <= 7 * 1.1 and plan["preset"]["pretrain"]["steps"] < 1300
+    assert plan["estimated_minutes"] <= int(needed[1]) * 1.1 and plan["preset"]["pretrain"]["steps"] < 1300
     report = (run / "report.md").read_text()
     kept = json.loads((run / "qa" / "best" / "query_tower.json").read_text())["kept"]  # the held-out rule's choice
     tower = "fine-tuned query tower" if kept == "fine-tuned" else "query tower kept from the start"
@@ -182,6 +178,11 @@ def test_pipeline_with_the_real_model_fits_a_tiny_budget(squad_slice, tmp_path, 
     assert "| hybrid: dense + w · BM25 + the same reader |" in report
     assert "| off-the-shelf (zero-shot) |" in report and "## Worked examples" in report
     assert "Command: `realm pipeline --inputs " in (run / "results.md").read_text()
+    # the report's own lines answer a question with this run's model and index
+    ask = re.search(r"^realm ask (.*) \"Who wrote Hamlet\?\"$", report, re.M)
+    assert ask and main(["ask", *ask[1].split(), "Who was the Norse leader?", "--json", "--quiet"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["evidence"] and "warning" not in answer
     assert main(args) == 0  # everything matches: nothing runs again
     assert ": running" not in capsys.readouterr().out
 

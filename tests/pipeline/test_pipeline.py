@@ -12,7 +12,8 @@ import pytest
 from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
 
 from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, StageCosts, get_preset
-from realm.index.mips import read_meta
+from realm.index.mips import current_version, read_meta
+from realm.models.retriever import Retriever
 from realm.pipeline.calibrate import FINAL_SECONDS
 from realm.pipeline.plan import (
     READER_WARMUP_STEPS,
@@ -411,6 +412,7 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
         for stage in ("baseline_index", "ict_index", "realm_index", "realm_uniform_index", "realm_trained_index")
     }
     assert reused["ict_index"] and reused["realm_index"] and reused["realm_uniform_index"]
+    assert (run / reused["ict_index"]).is_dir()  # relative to the run: a record holds no path of this machine
     assert reused["baseline_index"] is None and reused["realm_trained_index"] is None  # other document towers
     for stage in ("realm_uniform", "realm_frozen"):  # each trainer's first index: the ICT tower's
         assert read_meta(run / stage / "index", 1).reused_from, stage
@@ -478,6 +480,13 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     )
     kept = "the fine-tuned one" if tower["kept"] == "fine-tuned" else "the start's"
     assert f"Query tower after fine-tuning: **{kept}" in report.read_text()
+    # the report ends with the lines that ask and serve this run: the fine-tuned model over its start's index
+    serve = re.search(r"^realm serve --model (\S+) --index (\S+) --retriever (\w+)", report.read_text(), re.M)
+    assert serve and Path(serve[1]) == run / "qa" / "best" and serve[3] == TINY_PIPELINE.qa.retriever
+    assert (Path(serve[2]) / "CURRENT").is_file() and Path(serve[2]).parent.name.endswith("index")
+    index = Path(serve[2])
+    built_by = read_meta(index, current_version(index)).doc_tower_fingerprint  # the model's own document tower
+    assert built_by == Retriever.load(serve[1], TINY_RETRIEVER).doc_fingerprint()
 
 
 def test_without_ict_realm_starts_from_the_warm_start_and_its_index(tiny_run):

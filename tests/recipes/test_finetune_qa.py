@@ -259,6 +259,12 @@ def test_eval_qa_and_ask_commands(tmp_path, tiny_qa, capsys, monkeypatch):
         low, high = summary["exact_match_95ci"]
         assert low <= summary["exact_match"] <= high and 0 <= low and high <= 100
         assert all(len(p["evidence"]) == 3 or retriever == "bm25" for p in predictions)
+    # without --out it prints the score and writes nothing
+    files = sorted(tmp_path.iterdir())
+    args = ["eval", "qa", "--model", str(model_dir), "--index", str(index_dir), "--qa", str(qa_file), "--quiet"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "exact_match" in printed and "predictions:" not in printed and sorted(tmp_path.iterdir()) == files
     assert (
         main(["ask", "What is the capital of Japan?", "--model", str(model_dir), "--index", str(index_dir), "--quiet"])
         == 0

@@ -1,8 +1,8 @@
-"""The mechanism check in small (recipes/mechanism.py; the full one: benchmarks/mechanism.py): on a twin corpus of
+"""The mechanism check in small (recipes/mechanism.py; the full one: experiments/mechanism.py): on a twin corpus of
 real sentences, with MiniLM's towers and reader, REALM's masked-LM loss alone (no retrieval label) must teach the
 query tower to rank first the one block that holds each masked span. With f(x, z) detached from the loss, or a
 marginal that does not weigh each block's reading by p(z | x), the towers get no gradient and the twin stays where
-it started (measured: 26.3 before and after with `benchmarks/mechanism.py --detach`)."""
+it started (measured: 26.3 before and after with `experiments/mechanism.py --detach`)."""
 
 from __future__ import annotations
 

@@ -318,7 +318,7 @@ def test_towers_keep_zero_lr_until_their_start():
 
 
 def test_a_resumed_run_takes_its_learning_rates_from_its_config_not_the_checkpoint(tmp_path):
-    """A branch of a run (benchmarks/pretrain_branch.py) may change a rate: LambdaLR's saved base rates must not win."""
+    """A branch of a run (experiments/pretrain_branch.py) may change a rate: LambdaLR's saved base rates must not win."""
     from realm.training import ONE_PROCESS, load_checkpoint, save_checkpoint
 
     def trainer(tower_lr: float):

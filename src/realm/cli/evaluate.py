@@ -125,7 +125,8 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
 
     examples = load_qa(args.qa)[: args.limit]
     answerer = load_answerer(args.model, args.index, resolve_preset(args, "qa"), args.retriever, corpus=args.corpus)
-    result = evaluate_qa(answerer, examples, args.recall_k, Path(args.out), args.exact_match)
+    predictions = Path(args.out) if args.out else None
+    result = evaluate_qa(answerer, examples, args.recall_k, predictions, args.exact_match)
     summary = {**result, "retriever": args.retriever}
     if args.json:
         print(json.dumps(summary))
@@ -134,7 +135,8 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
             f"{args.retriever} retrieval + reader on {len(examples)} questions of {args.qa}: "
             + ", ".join(f"{name} {value}" for name, value in summary.items() if name not in ("questions", "retriever"))
         )
-        print(f"predictions: {args.out}")
+        if predictions is not None:
+            print(f"predictions: {predictions}")
     return 0
 
 
@@ -218,7 +220,7 @@ def add_commands(commands) -> None:
     eval_qa = evaluate.add_parser("qa", help="open-QA exact match, retrieval recall and a predictions file")
     answerer_options(eval_qa)
     eval_qa.add_argument("--qa", required=True)
-    eval_qa.add_argument("--out", required=True, help="predictions JSONL")
+    eval_qa.add_argument("--out", help="also write the predictions JSONL here (answers, outcomes, evidence)")
     eval_qa.add_argument("--recall-k", type=positive_ints, default=[1, 5, 20], help="cut-offs, e.g. 1,5,20")
     eval_qa.add_argument(
         "--exact-match",

@@ -42,6 +42,15 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_results(args: argparse.Namespace) -> int:
+    """docs/results.md from run records (pipeline/results_page.py)."""
+    from realm.pipeline.results_page import write_results_page
+
+    out = write_results_page([Path(d) for d in args.runs], Path(args.out))
+    print(f"wrote {out} and its records under {out.parent / 'runs'}")
+    return 0
+
+
 def add_commands(commands) -> None:
     pipeline = commands.add_parser("pipeline", help="the main job: corpus -> ICT -> REALM -> [QA] -> report")
     pipeline.add_argument(
@@ -83,3 +92,11 @@ def add_commands(commands) -> None:
     )
     common(pipeline)
     pipeline.set_defaults(run=cmd_pipeline)
+
+    results = commands.add_parser(
+        "results", help="docs/results.md from pipeline runs: one table per command, every figure from its records"
+    )
+    results.add_argument("runs", nargs="+", help="`realm pipeline` run folders (or their copies under docs/runs/)")
+    results.add_argument("--out", default="docs/results.md", help="the page; the records are copied to runs/ beside it")
+    common(results)
+    results.set_defaults(run=cmd_results)

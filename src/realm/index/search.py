@@ -108,7 +108,7 @@ class DenseSearcher:
 class BM25Searcher:
     """Okapi BM25 (bm25s, English stopwords, Snowball English stemming: Lucene's English analyser, which pyserini's
     BM25 uses, stems too) over `title + body` of the live blocks (an index version's knowledge, without removed
-    documents, when `store` comes from `MipsIndex.corpus()`). `stemmer=None`: exact word forms (docs/results.md
+    documents, when `store` comes from `MipsIndex.corpus()`). `stemmer=None`: exact word forms (docs/log
     compares the two)."""
 
     scores_are_retrieval_logits = False

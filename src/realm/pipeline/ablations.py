@@ -120,7 +120,7 @@ def ablation_table(doc: ReportDocument, rows: list[list]) -> None:
         "smallest true difference these questions would show 80% of the time (2.8 standard errors): a smaller "
         "effect, such as the paper's scaled down to a short run, can hide in a flat row. The interval resamples "
         "questions, not training: one fine-tuning rerun with another seed can land as far from itself as a row's "
-        "difference (`benchmarks/qa_seeds.py` reruns these QA stages with other seeds and measures it)."
+        "difference (`experiments/qa_seeds.py` reruns these QA stages with other seeds and measures it)."
     )
     doc.table(
         [

@@ -1,4 +1,4 @@
-"""A small document model for the report: headings, paragraphs, tables and images, rendered as Markdown and as a
+"""A small document model for the report: headings, paragraphs, tables, code and images, rendered as Markdown and as a
 self-contained HTML page (images inline)."""
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ class ReportDocument:
     def table(self, header: list[str], rows: list[list[object]]) -> None:
         self.blocks.append(("table", (header, [[cell(v) for v in row] for row in rows])))
 
+    def code(self, text: str) -> None:
+        """Commands to copy: a fenced block in Markdown, <pre> in HTML."""
+        self.blocks.append(("code", text))
+
     def image(self, path: Path, alt: str) -> None:
         self.blocks.append(("image", (path, alt)))
 
@@ -35,6 +39,8 @@ class ReportDocument:
                 out.append("#" * value[0] + " " + value[1])
             elif kind == "paragraph":
                 out.append(value)
+            elif kind == "code":
+                out.append(f"```bash\n{value}\n```")
             elif kind == "table":
                 header, rows = value
                 lines = [
@@ -60,6 +66,8 @@ class ReportDocument:
                 out.append(f"<h{value[0]}>{html.escape(value[1])}</h{value[0]}>")
             elif kind == "paragraph":
                 out.append(f"<p>{html.escape(value)}</p>")
+            elif kind == "code":
+                out.append(f"<pre>{html.escape(value)}</pre>")
             elif kind == "table":
                 header, rows = value
                 out.append(

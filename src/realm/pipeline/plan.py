@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from realm.common.device import default_device
+from realm.common.device import default_device, describe_machine
 from realm.common.io import write_json_atomic
 from realm.config import Preset, PretrainConfig, StageCosts
 from realm.data.sources import VITAL_ARTICLES
@@ -36,14 +36,14 @@ from realm.recipes.warmup import OWN_BLOCK_READINGS
 
 MIN_TRAINING_STEPS = 2
 # MiniLM's fresh masked-LM head at the cpu preset's batch and lr starts to copy after 600-800 own-block warm-up steps;
-# retrieval gained on held-out sentences after about 1,000 (docs/results.md, twelfth part)
+# retrieval gained on held-out sentences after about 1,000 (docs/log, the twelfth part)
 READER_WARMUP_STEPS = 1000
 BUDGET_SLACK = 1.1  # a plan may overrun its budget by this factor when the step counts hit their minimum
 # Training first: at least this share of the budget goes to training steps; evaluation and held-out scoring are
 # sampled to fit what is left (down to their minimum samples)
 TRAINING_SHARE = 0.6
 # Fewer QA steps than this and the reader has not learned to read: SQuAD-open dev hybrid EM 2.3-2.5 after 15-16
-# steps, 46.3 after 487, 50.9 after 823 (docs/results.md: seventeenth part, issue 29's 50-minute run, issue 57).
+# steps, 46.3 after 487, 50.9 after 823 (docs/log: seventeenth part, issue 29's 50-minute run, issue 57).
 # Not measured in between: a round number well above the failures. A preset whose whole QA fine-tuning is shorter
 # (a training file of a few hundred questions) is not held to it.
 QA_MIN_STEPS = 100
@@ -133,7 +133,7 @@ class PipelinePlan:
         measured += f"{w.scored_sentences:,} held-out sentences scored"
         short = (
             f"; REALM's reader warm-up gets {p.pretrain.null_warmup_steps:,} of the {READER_WARMUP_STEPS:,} steps after "
-            f"which retrieval helped in docs/results.md (twelfth part): a budget of about "
+            f"which retrieval helped in docs/log (twelfth part): a budget of about "
             f"{math.ceil(self.reading_minutes)} min gives it them"
             if self.reading_minutes is not None
             else ""
@@ -332,7 +332,7 @@ def _too_few_qa_steps(plan: PipelinePlan) -> str | None:
         return None
     return (
         f"it leaves QA fine-tuning {steps} steps, fewer than the {QA_MIN_STEPS} a reader needs to learn anything "
-        "(SQuAD-open EM 2.3 after 16 steps, 46.3 after 487: docs/results.md)"
+        "(SQuAD-open EM 2.3 after 16 steps, 46.3 after 487: docs/log)"
     )
 
 
@@ -411,6 +411,7 @@ def plan_run(
     record = {"basis": basis, **plan.to_dict(), "compute_dtype": str(dtype).removeprefix("torch.")}
     record["stage_scales"] = stored.get("stage_scales", {}) if kept is not None else {}  # set as each stage begins
     record["calibration"] = calibration["measured"] if calibration else None
+    record["machine"] = stored.get("machine", describe_machine()) if kept is not None else describe_machine()
     write_json_atomic(path, {**record, "preset": plan.preset.to_dict(), "options": settings})
     return plan
 

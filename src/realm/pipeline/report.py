@@ -71,7 +71,7 @@ def pretraining_setting(cfg: PretrainConfig, reading_minutes: float | None = Non
     )
     if cfg.reader_warmup in OWN_BLOCK_READINGS and cfg.null_warmup_steps < READER_WARMUP_STEPS:
         needs = f": a budget of about {math.ceil(reading_minutes)} min gives it them" if reading_minutes else ""
-        warmup += f" (fewer than the {READER_WARMUP_STEPS:,} the held-out gain needed in docs/results.md, twelfth part{needs})"
+        warmup += f" (fewer than the {READER_WARMUP_STEPS:,} the held-out gain needed in docs/log, twelfth part{needs})"
     return (
         f"{cfg.steps} steps, batch {cfg.batch_size}, lr {cfg.lr:g}, {cfg.num_candidates} candidates incl. null, "
         f"{cfg.masking} masking, "
@@ -139,7 +139,7 @@ SYSTEM_LABELS = {
 }
 READER_REASONS = {
     "warm start": "the pipeline's default, not measured in this run: with the retriever fixed, REALM's masked-LM "
-    "reader was no better a start (docs/results.md, nineteenth part, 2026-11-28: -1.04 EM [-2.77, +0.75] after 300 "
+    "reader was no better a start (docs/log, nineteenth part, 2026-11-28: -1.04 EM [-2.77, +0.75] after 300 "
     "QA steps, on the tuning split's 1,732 questions; earlier, on dev, -7.09 [-8.89, -5.35])",
     "REALM": "the ablations measure REALM pretraining, its reader included",
 }
@@ -368,6 +368,33 @@ def _examples(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     )
 
 
+START_INDEXES = {"off-the-shelf": "baseline_index", "ICT": "ict_index", "REALM": "realm_index"}  # run.py's stages
+
+
+def _use_this_run(doc: ReportDocument, run_dir: Path, r: dict, plan: PipelinePlan) -> None:
+    """The exact `realm ask` / `realm serve` lines for this run's own model and index folders: the fine-tuned QA
+    model over its start's index, or without QA data REALM's retriever over its own index (search only)."""
+    doc.heading("Use this run")
+    if "qa" in r and "qa_start" in r:
+        model, index = run_dir / "qa" / "best", run_dir / START_INDEXES[r["qa_start"]["retriever"]] / "index"
+        retriever = plan.preset.qa.retriever
+        doc.paragraph(
+            f"The fine-tuned model `{model}` reads blocks from the index of the retriever it started from, `{index}` "
+            f"(fine-tuning changes only the query tower; retrieval: {retriever}, as it was trained):"
+        )
+        doc.code(
+            f'realm ask --model {model} --index {index} --retriever {retriever} "Who wrote Hamlet?"\n'
+            f"realm serve --model {model} --index {index} --retriever {retriever} --port 8000"
+        )
+    else:
+        model, index = run_dir / "realm", run_dir / "realm" / "index"
+        doc.paragraph(
+            "Without QA data the run trains no answer reader (`realm ask` would answer with noise); REALM's retriever "
+            "searches its own index:"
+        )
+        doc.code(f'realm search --model {model} --index {index} "Who wrote Hamlet?" -k 5')
+
+
 def write_report(
     run_dir: Path, records: dict, plan: PipelinePlan, seconds: float, command: str, complete: bool = True
 ) -> Path:
@@ -402,6 +429,8 @@ def write_report(
         ablation_curves(doc, run_dir, records)
     if "examples" in r:
         _examples(doc, r, plan)
+    if complete:
+        _use_this_run(doc, run_dir, r, plan)
 
     results = ReportDocument()
     results.heading(f"Results of `realm pipeline` ({run_dir.name})", 1)

@@ -40,7 +40,7 @@ from realm.recipes.pretrain import SENTENCE_USAGE, pretrain_settings, train_pret
 
 log = logging.getLogger(__name__)
 PLANNED_AFTER = ("corpus", "warm_start", "baseline_index", "calibration")  # their seconds count against the budget
-# the reader QA fine-tunes from: REALM's masked-LM reader was no better a start than MiniLM's (docs/results.md,
+# the reader QA fine-tunes from: REALM's masked-LM reader was no better a start than MiniLM's (docs/log,
 # nineteenth part: -1.04 EM [-2.77, +0.75] on the tuning split, retriever fixed; report.py: READER_REASONS)
 QA_READERS = {"warm start": "warm_start", "REALM": "realm"}
 QA_READER = "warm start"

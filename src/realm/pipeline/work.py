@@ -5,6 +5,7 @@ zero-shot recall of each retriever, worked examples (the paper's Table 3) and ma
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -39,7 +40,7 @@ RECALL_KS = (1, 5, 20)
 EXAMPLE_POOL = 100  # held-out sentences searched for the worked examples
 # held-out sentences with a salient span are scored (a seeded sample of them where the plan sizes one), each of its
 # spans in turn (~2.8 a sentence): the gain's interval over 984 sentences is +-0.25 points against +-0.45 with one
-# span each (docs/results.md)
+# span each (docs/log)
 SCORING: dict[str, Any] = {"every_span": True, "sample_seed": 0}
 DEV_SAMPLE_SEED = 0
 
@@ -82,7 +83,8 @@ def build_index_folder(retriever_folder: Path, run_dir: Path, index_dir: Path, p
     meta = build_from_retriever(
         retriever, store, index_dir, preset.embed, preset.index, 0, time.time(), progress, reuse=run_indexes(run_dir)
     )
-    return {"vectors": meta.num_vectors, "embed_seconds": meta.embed_seconds, "reused_from": meta.reused_from}
+    reused = meta.reused_from and os.path.relpath(meta.reused_from, run_dir.resolve())  # records hold no machine paths
+    return {"vectors": meta.num_vectors, "embed_seconds": meta.embed_seconds, "reused_from": reused}
 
 
 def finetune(

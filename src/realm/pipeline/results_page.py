@@ -1,0 +1,139 @@
+"""docs/results.md, generated from `realm pipeline` run records: what today's commands give.
+
+One table per command (pyserini's reproduction pages), a row per run: the machine it ran on, when, how long its
+stages took, and its figures, every one read from the run's `plan.json` and stage records. The records themselves
+are copied beside the page (`<page folder>/runs/<run name>/`: plan.json, stages/*.json, results.md), so the page
+links to them and regenerates from the repository alone: `realm results docs/runs/* --out docs/results.md`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import time
+from pathlib import Path
+
+from realm.common.io import write_atomic
+from realm.pipeline.document import ReportDocument
+from realm.pipeline.stages import STAGES
+
+RECORDS = ("plan.json", "results.md")  # with stages/*.json: all a row reads, and the run's own numbers page
+PER_RUN_OPTIONS = {"--run-dir", "--quiet"}  # options that name where a run went, not what it computed
+
+
+def load_records(run_dir: Path) -> tuple[dict, dict[str, dict]]:
+    """A run's plan and its finished stages' records (name -> record)."""
+    plan_path = run_dir / "plan.json"
+    if not plan_path.is_file():
+        raise FileNotFoundError(f"{run_dir}: no plan.json (not a `realm pipeline` run, or one cut before its plan)")
+    stages = {p.stem: json.loads(p.read_text()) for p in sorted((run_dir / STAGES).glob("*.json"))}
+    return json.loads(plan_path.read_text()), {name: r for name, r in stages.items() if not name.endswith(".started")}
+
+
+def command_of(plan: dict) -> str:
+    """The command with the options that only say where the run went left out: runs of one command share a table."""
+    words, kept = shlex.split(plan["options"]["command"]), []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in PER_RUN_OPTIONS:
+            skip = word == "--run-dir"
+        else:
+            kept.append(word)
+    return shlex.join(kept)
+
+
+def machine_of(plan: dict) -> str:
+    machine = plan.get("machine")
+    if machine is None:
+        return f"not recorded ({plan['compute_dtype']})"
+    cpu = f"{machine['cores']}-core {machine['cpu']}, {'bf16 matmul' if machine['cpu_bf16_matmul'] else 'no bf16'}"
+    device = machine["gpu"] or cpu
+    return f"{device}; computed in {plan['compute_dtype']}"
+
+
+def _interval(value: float, ci: list[float], digits: int = 1, sign: str = "") -> str:
+    return f"{value:{sign}.{digits}f} [{ci[0]:{sign}.{digits}f}, {ci[1]:{sign}.{digits}f}]"
+
+
+def run_row(run_dir: Path, link: str) -> tuple[str, list[str], list[object]]:
+    """(the command, the columns, the row) of one run."""
+    plan, stages = load_records(run_dir)
+    r = {name: record["result"] for name, record in stages.items()}
+    finished = max((record["finished"] for record in stages.values()), default=None)
+    minutes = sum(record["seconds"] for record in stages.values()) / 60
+    budget = plan["budget_minutes"]
+    columns = ["machine", "date", "stages took", "REALM steps"]
+    row: list[object] = [
+        machine_of(plan),
+        time.strftime("%Y-%m-%d", time.gmtime(finished)) if finished else "unfinished",
+        f"{minutes:.1f} min" + (f" (budget {budget:g})" if budget else ""),
+        r.get("realm", {}).get("steps"),
+    ]
+    if "eval" in r:
+        ev = r["eval"]
+        questions = ev["questions"]
+        columns += ["QA steps", "dev questions scored", "EM hybrid [95%]", "EM dense", "EM BM25", "zero-shot R@5"]
+        row += [
+            r["qa"]["train"]["steps"],
+            f"{questions['evaluated']:,} of {questions['dev']:,} (seed {questions['seed']})",
+            _interval(ev["hybrid"]["exact_match"], ev["hybrid"]["exact_match_95ci"]),
+            f"{ev['dense']['exact_match']:.1f}",
+            f"{ev['bm25']['exact_match']:.1f}",
+            ", ".join(f"{k.split('/', 1)[1]} {v['recall@5']:.1f}" for k, v in ev.items() if k.startswith("zero_shot/")),
+        ]
+    if "examples" in r:
+        scored = r["examples"]["with_retrieval"]
+        columns += ["held-out masked-LM gain [95%]", "sentences scored"]
+        row += [
+            _interval(scored["retrieval_gain"], scored["retrieval_gain_95ci"], 2, "+"),
+            f"{r['examples']['scored_sentences']:,} of {r['examples']['held_out_sentences']:,}",
+        ]
+    return command_of(plan), [*columns, "record"], [*row, link]
+
+
+def archive(run_dir: Path, target: Path) -> None:
+    """Copy a run's records to `target` (the page's own copy), its machine paths made relative to the run."""
+    if run_dir.resolve() == target.resolve():
+        return
+    here = str(run_dir.resolve()) + "/"
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / STAGES).mkdir(parents=True)
+    sources = [run_dir / name for name in RECORDS] + sorted((run_dir / STAGES).glob("*.json"))
+    for source in sources:
+        if source.is_file() and not source.name.endswith(".started.json"):
+            text = source.read_text(encoding="utf-8").replace(here, "")
+            (tmp / source.relative_to(run_dir)).write_text(text, encoding="utf-8")
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+
+
+def write_results_page(run_dirs: list[Path], out: Path) -> Path:
+    """Archive each run's records beside `out` and write the page: one table per command, a row per run."""
+    tables: dict[str, tuple[list[str], list[list[object]]]] = {}
+    for run_dir in run_dirs:
+        record = out.parent / "runs" / run_dir.name
+        archive(run_dir, record)
+        link = f"[{run_dir.name}]({record.relative_to(out.parent).as_posix()}/results.md)"
+        command, columns, row = run_row(record, link)
+        if command in tables and tables[command][0] != columns:
+            raise ValueError(f"{run_dir}: its stages differ from another run of `{command}`")
+        tables.setdefault(command, (columns, []))[1].append(row)
+    regenerate = " ".join((out.parent / "runs" / d.name).as_posix() for d in run_dirs)
+    doc = ReportDocument()
+    doc.heading("What today's commands give", 1)
+    doc.paragraph(
+        f"Generated from each run's plan and stage records, copied under `runs/` beside this page, from which "
+        f"`realm results {regenerate} --out {out.as_posix()}` writes it again. Exact match: ORQA's normaliser, on a seeded sample of the dev questions, with its 95% bootstrap "
+        "interval; the held-out masked-LM gain: REALM's masked-token accuracy with retrieval minus without, on the "
+        "test half of the held-out sentences, paired. Nothing in these tables chose a setting (README: 'Nothing is "
+        "chosen on what is reported'). Dated findings, and the measurements behind each default: docs/log/."
+    )
+    for command, (columns, rows) in tables.items():
+        doc.heading(f"`{command}`")
+        doc.table(columns, rows)
+    write_atomic(out, lambda tmp: tmp.write_text(doc.markdown(out.parent), encoding="utf-8"))
+    return out

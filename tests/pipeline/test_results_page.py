@@ -1,0 +1,74 @@
+"""docs/results.md is generated from run records (pipeline/results_page.py), and the README's table agrees with it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from realm.cli.main import main
+from realm.pipeline.results_page import command_of, write_results_page
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+
+
+def _run(folder: Path, command: str, em: float, machine: dict | None) -> Path:
+    (folder / "stages").mkdir(parents=True)
+    plan = {"options": {"command": command}, "budget_minutes": 50.0, "compute_dtype": "float32", "machine": machine}
+    (folder / "plan.json").write_text(json.dumps(plan))
+    hybrid = {"exact_match": em, "exact_match_95ci": [em - 3, em + 3]}
+    records = {
+        "realm": {"steps": 600},
+        "qa": {"train": {"steps": 500}},
+        "eval": {
+            "questions": {"evaluated": 900, "dev": 1496, "seed": 0},
+            "hybrid": hybrid,
+            "dense": {"exact_match": 30.0},
+            "bm25": {"exact_match": 35.0},
+            "zero_shot/REALM": {"recall@5": 76.0},
+        },
+        "realm_index": {"reused_from": str(folder.resolve() / "baseline_index" / "index" / "versions" / "v000001")},
+    }
+    for name, result in records.items():
+        record = {"name": name, "seconds": 600.0, "finished": 1795827714.0, "result": result}
+        (folder / "stages" / f"{name}.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_runs_of_one_command_share_a_table_and_their_records_travel_with_the_page(tmp_path):
+    machine = {"cpu": "AMD EPYC", "cores": 2, "cpu_bf16_matmul": False, "gpu": None, "torch": "2"}
+    command = "realm pipeline --inputs c.jsonl --qa-train t.jsonl --qa-dev d.jsonl --budget-minutes 50"
+    first = _run(tmp_path / "runs" / "a", f"{command} --run-dir runs/a --quiet", 40.0, machine)
+    second = _run(tmp_path / "runs" / "b", f"realm pipeline --run-dir runs/b {command[15:]}", 41.5, None)
+    assert command_of(json.loads((first / "plan.json").read_text())) == command
+    out = tmp_path / "docs" / "results.md"
+    assert main(["results", str(first), str(second), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert page.count(f"## `{command}`") == 1  # one table, a row per run
+    assert "| 2-core AMD EPYC, no bf16; computed in float32 | 2026-11-2" in page
+    assert "| 40.0 [37.0, 43.0] |" in page and "| 41.5 [38.5, 44.5] |" in page
+    assert "| not recorded (float32) |" in page and "[b](runs/b/results.md)" in page
+    copied = out.parent / "runs" / "a" / "stages" / "realm_index.json"
+    assert json.loads(copied.read_text())["result"]["reused_from"] == "baseline_index/index/versions/v000001"
+    assert str(tmp_path) not in "".join(p.read_text() for p in (out.parent / "runs").rglob("*.json"))
+    # the page regenerates from its own copies alone
+    again = tmp_path / "again.md"
+    write_results_page(sorted((out.parent / "runs").iterdir()), again)
+    assert again.read_text().split("\n", 3)[3] == page.split("\n", 3)[3]
+
+
+def test_docs_results_regenerates_from_the_committed_records_and_the_readme_agrees(tmp_path):
+    runs = sorted((DOCS / "runs").iterdir())
+    out = tmp_path / "results.md"
+    write_results_page(runs, out)
+    assert out.read_text().replace(str(tmp_path), "docs") == (DOCS / "results.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## What today's commands give")[1].split("\n## ")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `realm")]
+    assert len(rows) == len(runs)
+    for row in rows:
+        figure = re.search(r"[+-]?\d+\.\d+ \[[+-]?\d+\.\d+, [+-]?\d+\.\d+\]", row)
+        record = re.search(r"\]\((docs/runs/[^)]+)\)", row)
+        assert figure and figure[0] in (DOCS / "results.md").read_text(), row
+        assert record and (ROOT / record[1]).is_file(), row
