@@ -411,7 +411,7 @@ def plan_run(
     record = {"basis": basis, **plan.to_dict(), "compute_dtype": str(dtype).removeprefix("torch.")}
     record["stage_scales"] = stored.get("stage_scales", {}) if kept is not None else {}  # set as each stage begins
     record["calibration"] = calibration["measured"] if calibration else None
-    record["machine"] = stored.get("machine", describe_machine()) if kept is not None else describe_machine()
+    record["machine"] = (kept is not None and stored.get("machine")) or describe_machine()  # the run's first
     write_json_atomic(path, {**record, "preset": plan.preset.to_dict(), "options": settings})
     return plan
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from realm.common.io import write_atomic
-from realm.config import PretrainConfig
+from realm.config import PretrainConfig, read_run_config
 from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations, start_retriever
 from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import ReportDocument
@@ -368,15 +368,13 @@ def _examples(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     )
 
 
-START_INDEXES = {"off-the-shelf": "baseline_index", "ICT": "ict_index", "REALM": "realm_index"}  # run.py's stages
-
-
 def _use_this_run(doc: ReportDocument, run_dir: Path, r: dict, plan: PipelinePlan) -> None:
     """The exact `realm ask` / `realm serve` lines for this run's own model and index folders: the fine-tuned QA
     model over its start's index, or without QA data REALM's retriever over its own index (search only)."""
     doc.heading("Use this run")
-    if "qa" in r and "qa_start" in r:
-        model, index = run_dir / "qa" / "best", run_dir / START_INDEXES[r["qa_start"]["retriever"]] / "index"
+    qa_config = read_run_config(run_dir / "qa") if "qa" in r else None
+    if qa_config is not None:
+        model, index = run_dir / "qa" / "best", qa_config["config"]["index"]  # the index fine-tuning read
         retriever = plan.preset.qa.retriever
         doc.paragraph(
             f"The fine-tuned model `{model}` reads blocks from the index of the retriever it started from, `{index}` "
