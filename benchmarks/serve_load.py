@@ -44,7 +44,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(model: str, index: Path, corpus: Path, port: int, batch_size: int | None) -> subprocess.Popen:
+def start_server(
+    model: str, index: Path, corpus: Path, port: int, batch_size: int | None, extra: tuple[str, ...] = ()
+) -> subprocess.Popen:
+    """`realm serve` (with `extra` flags), once its /health answers."""
     cmd = [
         sys.executable,
         "-m",
@@ -62,6 +65,7 @@ def start_server(model: str, index: Path, corpus: Path, port: int, batch_size: i
         str(port),
         "--quiet",
         *(["--batch-size", str(batch_size)] if batch_size else []),
+        *extra,
     ]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300

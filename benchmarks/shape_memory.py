@@ -3,7 +3,12 @@ rounded up to a multiple of `--quantum` (`realm.models.encoder.pad_rows` in trai
 does without gradients (16 row counts per octave). Each variant runs in its own child process, one after the
 other in the same invocation, so their RSS figures are comparable.
 
-    python benchmarks/shape_memory.py [--calls 1000] [--quantum 64] [--max-rows 3000]
+`--attention`: the same for inference attention over buckets of 1-40 rows of any length 8-192 (12 heads of 32, bf16,
+as a server's reader sees them): plain softmax(QK^T + mask) V on the shapes as they come (the code before 2026-11-28)
+vs `realm.models.encoder._attention` (lengths to a multiple of 16, row chunks to a power of two), with the seconds
+of each: a call pays for its padding, and for compiling a kernel whenever its shape is new.
+
+    python benchmarks/shape_memory.py [--calls 1000] [--quantum 64] [--max-rows 3000] [--attention]
 """
 
 from __future__ import annotations
@@ -41,15 +46,57 @@ def child(calls: int, quantum: int, max_rows: int) -> None:
     print(json.dumps({"quantum": quantum, "rss_mb_before": round(before), "rss_mb_after": round(rss_mb())}))
 
 
+def attention_child(calls: int, bounded: bool) -> None:
+    import time
+
+    import torch
+
+    from realm.models.encoder import _attention
+
+    def plain(q, k, v, mask):
+        bias = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
+        return torch.softmax((q * q.size(-1) ** -0.5) @ k.transpose(-1, -2) + bias, dim=-1) @ v
+
+    rng = random.Random(0)
+    before = rss_mb()
+    seconds = 0.0
+    with torch.inference_mode():
+        for _ in range(calls):
+            rows, length = rng.randint(1, 40), rng.randint(8, 192)
+            q, k, v = (torch.randn(rows, 12, length, 32).bfloat16() for _ in range(3))
+            mask = torch.arange(length)[None, None, None, :] < torch.randint(1, length + 1, (rows, 1, 1, 1))
+            started = time.perf_counter()
+            _attention(q, k, v, mask, 0.0, False) if bounded else plain(q, k, v, mask)
+            seconds += time.perf_counter() - started
+    after = {"rss_mb_before": round(before), "rss_mb_after": round(rss_mb()), "seconds": round(seconds, 2)}
+    print(json.dumps({"bounded": bounded, **after}))
+
+
+def attention_variants(calls: int) -> None:
+    print("| attention shapes | calls | seconds | RSS MB before -> after |")
+    print("|---|---:|---:|---|")
+    for bounded in (False, True):
+        command = [sys.executable, __file__, "--calls", str(calls), "--attention", "--child", str(int(bounded))]
+        result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        name = "`_attention` (lengths by 16, row chunks by powers of two)" if bounded else "as they come"
+        print(f"| {name} | {calls} | {result['seconds']} | {result['rss_mb_before']} -> {result['rss_mb_after']} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--quantum", type=int, default=64)
     parser.add_argument("--max-rows", type=int, default=3000)
+    parser.add_argument("--attention", action="store_true", help="inference attention's shapes, not a linear layer's")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        child(args.calls, args.child, args.max_rows)
+        attention_child(args.calls, bool(args.child)) if args.attention else child(
+            args.calls, args.child, args.max_rows
+        )
+        return
+    if args.attention:
+        attention_variants(args.calls)
         return
     print("| row counts | calls | RSS MB before -> after |")
     print("|---|---:|---|")

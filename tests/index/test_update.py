@@ -214,6 +214,23 @@ def test_cli_add_search_remove(tmp_path, docs_file, tiny_retriever, capsys):
     assert {h["doc_id"] for h in json.loads(capsys.readouterr().out)} == {d["id"] for d in DOCS}
 
 
+def test_an_integer_id_is_a_document_id_as_its_decimal_string(tmp_path, docs_file, tiny_retriever, capsys):
+    """Integer ids are accepted on purpose (Parquet id columns are often int64): `5` is the document "5", which
+    `index remove --ids 5` finds, and a later `"5"` is the same document. A float or a boolean is a bad record."""
+    model, corpus, index = str(tmp_path / "model"), str(tmp_path / "corpus"), str(tmp_path / "index")
+    tiny_retriever.save(model)
+    assert main(["corpus", "build", str(docs_file), "--out", corpus, "--quiet"]) == 0
+    assert main(["index", "build", "--corpus", corpus, "--model", model, "--out", index, "--quiet"]) == 0
+    new = _jsonl(tmp_path / "new.jsonl", {**EVEREST, "id": 5}, {**PIANO, "id": 5.0}, {**PIANO, "id": True})
+    assert main(["index", "add", "--index", index, "--docs", new, "--model", model, "--skip-bad", "--quiet"]) == 0
+    assert "added 1 documents (1 blocks), 2 bad records skipped" in capsys.readouterr().out
+    again = _jsonl(tmp_path / "again.jsonl", {**PIANO, "id": "5"})
+    assert main(["index", "add", "--index", index, "--docs", again, "--model", model, "--quiet"]) == 2
+    assert "already in index" in capsys.readouterr().err
+    assert main(["index", "remove", "--index", index, "--ids", "5", "--quiet"]) == 0
+    assert "removed 1 documents" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_minilm_answers_from_an_added_document_only_while_it_is_indexed(tmp_path, tiny_corpus):
     from realm.config import get_preset

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +23,7 @@ from realm.index.build import build_from_retriever
 from realm.index.mips import MipsIndex
 from realm.index.update import add_documents, remove_documents
 from realm.models.retriever import Retriever
+from realm.serve.bounds import ServiceLimits, uvicorn_settings
 from realm.serve.service import MAX_K, MAX_QUESTION_CHARS, QAService, create_app
 
 QUESTIONS = [
@@ -47,17 +49,67 @@ def client(qa_service: QAService) -> TestClient:
     return TestClient(create_app(qa_service))
 
 
-def test_health_names_what_is_served(client, tiny_qa, tiny_corpus):
+def test_health_names_what_is_served_without_absolute_paths_unless_asked_with_the_key(client, tiny_qa, tiny_corpus):
     assert client.get("/health").json() == {
         "status": "ok",
         "index_version": 1,
         "latest_version": 1,
         "num_blocks": len(tiny_corpus),
-        "model": str(tiny_qa[0]),
+        "model": f".../{tiny_qa[0].name}",
         "retriever": "dense",
         "k": TINY_QA.top_k,
         "batch_size": SERVE_BATCH_SIZE,
     }
+    keyed = TestClient(create_app(_service(tiny_qa), api_key="s3cret"))
+    assert keyed.get("/health").json()["model"] == f".../{tiny_qa[0].name}"
+    assert keyed.get("/health", headers={"Authorization": "Bearer s3cret"}).json()["model"] == str(tiny_qa[0])
+
+
+def _service(tiny_qa) -> QAService:
+    return QAService.load(str(tiny_qa[0]), tiny_qa[1], TINY_QA_PRESET)
+
+
+def test_health_says_degraded_with_the_reason_when_the_index_pointer_is_unreadable(client, tiny_qa):
+    """On d1c3134 a damaged CURRENT gave {"status": "ok", "latest_version": null}."""
+    pointer = tiny_qa[1] / "CURRENT"
+    pointer.write_text("garbage\n")
+    health = client.get("/health").json()
+    assert (health["status"], health["index_version"], health["latest_version"]) == ("degraded", 1, None)
+    assert "the index pointer is unreadable" in health["reason"] and "answering from v1" in health["reason"]
+    assert str(tiny_qa[1]) not in health["reason"] and "'garbage'" in health["reason"]
+    assert client.post("/ask", json={"question": "Where did Bach die?"}).json()["index_version"] == 1
+    pointer.unlink()
+    assert "no published version" in client.get("/health").json()["reason"]
+    pointer.write_text("v000001\n")
+    assert client.get("/health").json()["status"] == "ok"
+
+
+def test_health_answers_at_once_while_every_request_slot_is_taken(tiny_qa):
+    """On d1c3134 `/health` counted against the request limit: 48 askers made it answer 503 ten times of ten."""
+    limits = ServiceLimits(max_in_flight=4)
+    with serving(create_app(_service(tiny_qa), limits=limits), **uvicorn_settings(limits)) as url:
+        stop = threading.Event()
+        refused = Counter()
+
+        def ask() -> None:
+            with httpx.Client(timeout=30) as http:
+                while not stop.is_set():
+                    refused[http.post(f"{url}/ask", json={"question": "Where did Bach die?"}).status_code] += 1
+
+        askers = [threading.Thread(target=ask) for _ in range(12)]
+        for thread in askers:
+            thread.start()
+        try:
+            time.sleep(1.0)
+            with httpx.Client(timeout=30) as http:
+                health = [http.get(f"{url}/health").status_code for _ in range(10)]
+                page = http.get(f"{url}/").status_code
+        finally:
+            stop.set()
+            for thread in askers:
+                thread.join()
+    assert refused[503] > 0, "the askers never saturated the service: the test shows nothing"
+    assert health == [200] * 10 and page == 200
 
 
 def test_page_is_self_contained(client):
@@ -107,7 +159,7 @@ def test_search_returns_the_blocks_ask_reads_with_their_p_z_as_realm_search_prin
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"query": " "}, "query: the query is empty"),
+        ({"query": " "}, "query: the query is empty (it has no letter or digit)"),
         ({"query": "q", "k": MAX_K + 1}, f"k: Input should be less than or equal to {MAX_K}"),
         ({"question": "q"}, "query: Field required; question: Extra inputs are not permitted"),
     ],
@@ -120,8 +172,12 @@ def test_bad_search_input_is_a_4xx_with_a_clear_message(client, body, message):
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"question": ""}, "question: the question is empty"),
-        ({"question": " \n\t "}, "question: the question is empty"),
+        ({"question": ""}, "question: the question is empty (it has no letter or digit)"),
+        ({"question": " \n\t "}, "question: the question is empty (it has no letter or digit)"),
+        # invisible: a zero-width space, a NUL, a byte-order mark with punctuation (answered on d1c3134)
+        ({"question": "\u200b"}, "question: the question is empty (it has no letter or digit)"),
+        ({"question": "\x00"}, "question: the question is empty (it has no letter or digit)"),
+        ({"question": "\ufeff?\u2028"}, "question: the question is empty (it has no letter or digit)"),
         (
             {"question": "x" * (MAX_QUESTION_CHARS + 1)},
             f"question: String should have at most {MAX_QUESTION_CHARS} characters",
@@ -259,7 +315,7 @@ def test_a_version_it_cannot_serve_leaves_the_current_one_answering(tiny_qa, tin
         assert response.status_code == 200 and response.json()["index_version"] == 1
     assert sum("cannot serve v2" in r.getMessage() for r in caplog.records) == 1
     health = client.get("/health").json()
-    assert (health["status"], health["index_version"], health["latest_version"]) == ("behind", 1, 2)
+    assert (health["status"], health["index_version"], health["latest_version"]) == ("degraded", 1, 2)
     assert "cannot serve v2" in health["reason"] and "document tower" in health["reason"]
 
 

@@ -94,7 +94,9 @@ def test_page_shows_answer_evidence_highlights_and_errors(browser, qa_service):
         browser.find_element(By.ID, "question").clear()
         browser.find_element(By.ID, "question").send_keys(" ", Keys.ENTER)  # Enter submits too
         _shown(browser, "error")
-        assert browser.find_element(By.ID, "error").text == "question: the question is empty"
+        assert (
+            browser.find_element(By.ID, "error").text == "question: the question is empty (it has no letter or digit)"
+        )
         assert not browser.find_element(By.ID, "result").is_displayed()
 
 

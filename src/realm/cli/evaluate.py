@@ -43,10 +43,11 @@ def _searcher(args: argparse.Namespace, kind: str = "dense"):
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from realm.common.text import visible_text
     from realm.index.search import hits_json
 
-    if not args.query.strip():
-        raise ValueError("the query is empty")
+    if not visible_text(args.query):
+        raise ValueError("the query is empty (it has no letter or digit)")
     searcher = _searcher(args)
     hits = searcher.search(args.query, args.k)
     if args.json:
@@ -157,10 +158,13 @@ def cmd_eval_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
+    from realm.common.text import visible_text
     from realm.eval.answerer import load_answerer
 
+    if not (question := visible_text(args.question)):
+        raise ValueError("the question is empty (it has no letter or digit)")
     answerer = load_answerer(args.model, args.index, resolve_preset(args, "qa"), args.retriever, corpus=args.corpus)
-    answer = answerer.ask([args.question])[0]
+    answer = answerer.ask([question])[0]
     if answerer.warning:
         print(f"realm: warning: {answerer.warning}", file=sys.stderr)
     if args.json:

@@ -23,7 +23,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
     if args.host not in LOOPBACK:
         protected = (
-            "/ask needs the API key"
+            "every request but / and /health needs the API key"
             if api_key
             else f"anyone who reaches it can ask (set --api-key or {API_KEY_VARIABLE})"
         )
@@ -68,6 +68,9 @@ def add_commands(commands) -> None:
         default=SERVE_BATCH_WAIT_MS,
         help=f"how long a question waits for others to join its batch (default {SERVE_BATCH_WAIT_MS})",
     )
-    serve.add_argument("--api-key", help=f"require `Authorization: Bearer KEY` on /ask (or set {API_KEY_VARIABLE})")
+    serve.add_argument(
+        "--api-key",
+        help=f"require `Authorization: Bearer KEY` on every request but / and /health (or set {API_KEY_VARIABLE})",
+    )
     common(serve)
     serve.set_defaults(run=cmd_serve)

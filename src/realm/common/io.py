@@ -7,15 +7,60 @@ work of one still running (kept).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+
+class NoSpaceError(OSError):
+    """Not enough room on the filesystem for what a writer is about to write (checked before it writes, or found
+    when the disk filled): nothing it was replacing has been touched."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes (for this user) on the filesystem that holds `path`, or would hold it once created."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def check_room(folder: Path, needed: int, what: str) -> None:
+    """Raise NoSpaceError naming `folder`, the bytes needed and the bytes free, unless `needed` bytes fit."""
+    free = free_bytes(folder)
+    if needed > free:
+        raise NoSpaceError(f"{folder}: {what} needs about {needed:,} bytes; {free:,} are free there")
+
+
+def is_disk_full(err: OSError) -> bool:
+    return err.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(err)
+
+
+@contextmanager
+def reported_disk_full(folder: Path, what: str) -> Iterator[None]:
+    """A disk that fills inside the block becomes a NoSpaceError naming `folder`, what was being written and the
+    bytes free (after the writer's own clean-up, when the block holds it)."""
+    try:
+        yield
+    except OSError as err:
+        if isinstance(err, NoSpaceError) or not is_disk_full(err):
+            raise
+        free = free_bytes(folder)
+        raise NoSpaceError(f"{folder}: the disk filled while writing {what}; {free:,} bytes are free there") from err
 
 
 def _umask() -> int:

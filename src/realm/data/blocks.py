@@ -27,7 +27,14 @@ import pyarrow as pa
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from realm.common.io import clean_partials, partial_name, write_json_atomic
+from realm.common.io import (
+    NoSpaceError,
+    clean_partials,
+    free_bytes,
+    is_disk_full,
+    partial_name,
+    write_json_atomic,
+)
 from realm.common.tokenization import tokenizer_fingerprint
 from realm.config import CorpusConfig
 from realm.data.sources import BadRecords, Columns, CorpusError, Document, read_all
@@ -254,6 +261,15 @@ def build_corpus(
         digest = fingerprint.hexdigest()
         blocks_file = f"blocks-{digest}.arrow"
         os.replace(partial, out_dir / blocks_file)
+    except OSError as err:  # the blocks' size is known only once split (streamed): a full disk is found, not foreseen
+        if not is_disk_full(err):
+            raise
+        written = partial.stat().st_size if partial.exists() else 0
+        partial.unlink(missing_ok=True)
+        raise NoSpaceError(
+            f"{out_dir}: the disk filled after {written:,} bytes of blocks (the corpus needs more); "
+            f"{free_bytes(out_dir):,} bytes are free there; any corpus already in the folder is unchanged"
+        ) from err
     finally:
         partial.unlink(missing_ok=True)
 

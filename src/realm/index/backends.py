@@ -31,6 +31,19 @@ def faiss_module():
 ADD_CHUNK_ROWS = 1 << 16  # vectors converted to fp32 and added to faiss at a time
 
 
+def faiss_file_bytes(index) -> int:
+    """About what `faiss.write_index` writes for one of build_faiss' indexes (0 for None): to check for room first."""
+    if index is None:
+        return 0
+    if hasattr(index, "hnsw"):  # its flat storage and the graph's links
+        graph = index.hnsw
+        links = 4 * graph.neighbors.size() + 4 * graph.levels.size() + 8 * graph.offsets.size()
+        return links + index.ntotal * faiss_module().downcast_index(index.storage).code_size
+    if hasattr(index, "nlist"):  # a code and an id per vector, the coarse centroids and the PQ codebooks
+        return index.ntotal * (index.code_size + 8) + index.nlist * index.d * 4 + index.d * index.pq.ksub * 4
+    return index.ntotal * index.code_size
+
+
 def build_faiss(vectors: np.ndarray, config: IndexConfig):
     """Build the chosen backend over (N, D) vectors (any float dtype, e.g. a memory-mapped fp16 file, read chunk by
     chunk); returns the faiss index and its parameters. A flat version has no faiss index (None) without faiss or

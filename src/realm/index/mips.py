@@ -24,6 +24,7 @@ Search runs on the backends of index/backends.py: faiss on a CPU, exact search i
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -34,10 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from realm.common.io import clean_partials, fsync_dir, write_atomic
+from realm.common.io import check_room, clean_partials, fsync_dir, reported_disk_full, write_atomic
 from realm.config import Backend, RetrieverConfig
 from realm.data.blocks import BlockStore
-from realm.index.backends import ExactSearch, MipsIndexError, configure_search, faiss_module
+from realm.index.backends import ExactSearch, MipsIndexError, configure_search, faiss_file_bytes, faiss_module
 from realm.index.knowledge import LayeredStore
 
 log = logging.getLogger(__name__)
@@ -120,42 +121,56 @@ def publish(
 ) -> IndexMeta:
     """Write a complete new version, then switch CURRENT to it; prune versions beyond `keep_versions`.
     `embeddings`: the (N, D) array, or an .npy file of it in the index folder (moved in, not copied: at scale it is
-    gigabytes). `index` is the faiss index, or None for a flat version searched without one."""
+    gigabytes). `index` is the faiss index, or None for a flat version searched without one. Without room for the
+    whole version nothing is written (NoSpaceError); a disk that fills anyway leaves the live version as it was."""
     versions_dir = index_dir / VERSIONS
     versions_dir.mkdir(parents=True, exist_ok=True)
     for folder in (index_dir, versions_dir, index_dir / ADDED):  # what writers killed mid-write left behind
         for path in clean_partials(folder):
             log.info("removed %s, left by a writer that was killed", path)
-    tmp = versions_dir / f".partial-{os.getpid()}-{time.monotonic_ns()}"
-    tmp.mkdir()
-    try:
-        if isinstance(embeddings, Path):
-            os.replace(embeddings, tmp / "embeddings.npy")
-        else:
-            np.save(tmp / "embeddings.npy", embeddings)
-        np.save(tmp / "block_ids.npy", block_ids.astype(np.int64))
-        if index is not None:
-            faiss_module().write_index(index, str(tmp / "index.faiss"))
-        while True:  # claim the next version number; rename fails if another writer took it
-            version = max(_versions(index_dir), default=0) + 1
-            meta = IndexMeta(format_version=FORMAT_VERSION, version=version, created=time.time(), **meta_fields)
-            (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=2) + "\n")
-            for name in os.listdir(tmp):
-                with open(tmp / name, "rb") as handle:
-                    os.fsync(handle.fileno())
-            try:
-                os.rename(tmp, version_dir(index_dir, version))
-                break
-            except OSError:
-                continue
-        fsync_dir(versions_dir)
-        write_atomic(index_dir / CURRENT, lambda p: p.write_text(version_name(version) + "\n"))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    moved_in = 0 if isinstance(embeddings, Path) else embeddings.nbytes
+    needed = moved_in + 8 * len(block_ids) + faiss_file_bytes(index) + (1 << 16)  # + meta.json, CURRENT
+    check_room(index_dir, needed, f"a new version of {len(block_ids):,} vectors")
+    with reported_disk_full(index_dir, f"a new version ({needed:,} bytes)"):
+        tmp = versions_dir / f".partial-{os.getpid()}-{time.monotonic_ns()}"
+        tmp.mkdir()
+        try:
+            if isinstance(embeddings, Path):
+                os.replace(embeddings, tmp / "embeddings.npy")
+            else:
+                np.save(tmp / "embeddings.npy", embeddings)
+            np.save(tmp / "block_ids.npy", block_ids.astype(np.int64))
+            if index is not None:
+                _write_faiss(index, tmp / "index.faiss")
+            while True:  # claim the next version number; rename fails if another writer took it
+                version = max(_versions(index_dir), default=0) + 1
+                meta = IndexMeta(format_version=FORMAT_VERSION, version=version, created=time.time(), **meta_fields)
+                (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=2) + "\n")
+                for name in os.listdir(tmp):
+                    with open(tmp / name, "rb") as handle:
+                        os.fsync(handle.fileno())
+                try:
+                    os.rename(tmp, version_dir(index_dir, version))
+                    break
+                except OSError as err:  # another writer took the number; anything else is not a race
+                    if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                        raise
+            fsync_dir(versions_dir)
+            write_atomic(index_dir / CURRENT, lambda p: p.write_text(version_name(version) + "\n"))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     for old in _versions(index_dir)[:-keep_versions]:
         if old != version:
             shutil.rmtree(version_dir(index_dir, old), ignore_errors=True)
     return meta
+
+
+def _write_faiss(index, path: Path) -> None:
+    """Through a Python file: faiss' own file writer meets a full disk in its last buffer only on closing, prints
+    "close error" and raises nothing (a truncated index.faiss would be published); Python's file raises OSError."""
+    faiss = faiss_module()
+    with open(path, "wb") as handle:
+        faiss.write_index(index, faiss.PyCallbackIOWriter(handle.write))
 
 
 # -- reading --------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from transformers import PreTrainedTokenizerBase
 
-from realm.common.io import write_atomic
+from realm.common.io import check_room, reported_disk_full, write_atomic
 from realm.common.tokenization import tokenizer_fingerprint
 from realm.config import EmbedConfig
 from realm.data.blocks import (
@@ -37,7 +37,7 @@ from realm.data.blocks import (
 from realm.data.sources import BadRecords, CorpusError, read_all
 from realm.index.backends import MipsIndexError, build_faiss, config_of
 from realm.index.embed import BlockEmbedder
-from realm.index.mips import ADDED, IndexMeta, MipsIndex, current_version, publish
+from realm.index.mips import ADDED, IndexMeta, MipsIndex, current_version, publish, version_dir
 from realm.models.retriever import Retriever
 
 
@@ -80,7 +80,9 @@ def add_documents(
     if not blocks:
         raise CorpusError(f"{docs_path}: no documents to add ({bad.count} bad records skipped)")
     first_id = len(store)
-    entry = _write_added(index.index_dir, blocks, first_id, store)
+    _check_room_to_add(index, blocks)
+    with reported_disk_full(index.index_dir, f"{len(blocks):,} added blocks"):
+        entry = _write_added(index.index_dir, blocks, first_id, store)
     embedder = BlockEmbedder(retriever.doc_tower, retriever.tokenizer, store.config, embed_config)
     stored = index.embeddings()
     embedding = time.monotonic()
@@ -149,6 +151,16 @@ def _present(wanted: list[str], row_docs: pa.ChunkedArray) -> list[str]:
 def _listing(ids: list[str], most: int = 20) -> str:
     shown = ", ".join(repr(i) for i in ids[:most])
     return shown + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
+def _check_room_to_add(index: MipsIndex, blocks: list[Block]) -> None:
+    """Before embedding anything: room for the blocks' text and a version that many rows larger (the live one's
+    files, scaled by rows: the same backend and parameters)."""
+    on_disk = sum(f.stat().st_size for f in version_dir(index.index_dir, index.version).iterdir() if f.is_file())
+    rows = max(1, index.meta.num_vectors)
+    text = sum(len(b.title.encode()) + len(b.body.encode()) + 64 for b in blocks)
+    needed = on_disk * (rows + len(blocks)) // rows + text
+    check_room(index.index_dir, needed, f"adding {len(blocks):,} blocks (their text and a new version)")
 
 
 def _write_added(index_dir: Path, blocks: list[Block], first_id: int, store: BlockStore) -> dict:

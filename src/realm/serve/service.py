@@ -11,7 +11,7 @@ searcher is rebuilt over it and the model is kept.
 from __future__ import annotations
 
 import logging
-import secrets
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,18 +19,19 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+from realm.common.text import visible_text
 from realm.config import SERVE_BATCH_SIZE, SERVE_BATCH_WAIT_MS, Preset
 from realm.eval.answerer import Answerer, load_answerer
 from realm.index.mips import MipsIndex, MipsIndexError, current_version
 from realm.index.search import Searcher, hits_json, open_searcher
 from realm.serve.batching import MicroBatcher
-from realm.serve.bounds import BoundedRequests, ServiceLimits
+from realm.serve.bounds import BoundedRequests, ServiceLimits, has_key
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,20 @@ MAX_K = 20  # blocks read per question: the reader's cost grows linearly with k
 
 
 def _not_blank(what: str) -> AfterValidator:
-    def stripped(text: str) -> str:
-        if not text.strip():
-            raise PydanticCustomError(f"blank_{what}", f"the {what} is empty")
-        return text.strip()
+    def visible(text: str) -> str:
+        if not (kept := visible_text(text)):
+            raise PydanticCustomError(f"blank_{what}", f"the {what} is empty (it has no letter or digit)")
+        return kept
 
-    return AfterValidator(stripped)
+    return AfterValidator(visible)
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~])/(?:[^\s/'\"]+/)*([^\s/'\"]+)")
+
+
+def without_paths(text: str) -> str:
+    """`text` with every absolute path cut to its last part (`/home/me/runs/x/qa/best` -> `.../best`)."""
+    return _ABSOLUTE_PATH.sub(r".../\1", text)
 
 
 class AskRequest(BaseModel):
@@ -178,22 +187,25 @@ class QAService:
             for row, (query, k) in zip(hits, requests)
         ]
 
-    def health(self) -> dict:
-        """Lock-free, so that it answers while a question is being read. `latest_version` is the folder's
-        published one: a newer version is loaded by the next request ("ok"); one that cannot be served leaves
-        the service "behind", with the reason."""
+    def health(self, paths: bool = False) -> dict:
+        """Lock-free and cheap (one tiny file read), so that it answers while questions are being read.
+        "degraded", with the reason, when the index pointer is unreadable or missing, or when the published
+        version cannot be served (the service answers from the one it has); a newer servable version is loaded
+        by the next request ("ok"). Absolute paths are shown only with `paths` (a request with the API key)."""
         knowledge = self.knowledge
+        reason = None
         try:
             latest = current_version(self.index_dir)
-        except (OSError, ValueError, MipsIndexError):
-            latest = None
-        behind = latest is not None and latest != knowledge.version and latest == self._unservable
-        reason = {"reason": f"cannot serve v{latest}: {self._unservable_reason}"} if behind else {}
-        warning = {"warning": self.answerer.warning} if self.answerer.warning else {}
-        return {
-            "status": "behind" if behind else "ok",
-            **reason,
-            **warning,
+        except (OSError, ValueError, MipsIndexError) as err:
+            latest, reason = None, f"the index pointer is unreadable ({err})"
+        if reason is None and latest is None:
+            reason = f"{self.index_dir} has no published version (its CURRENT is gone)"
+        if latest is not None and latest != knowledge.version and latest == self._unservable:
+            reason = f"cannot serve v{latest}: {self._unservable_reason}"
+        report = {
+            "status": "degraded" if reason else "ok",
+            **({"reason": f"{reason}; answering from v{knowledge.version}"} if reason else {}),
+            **({"warning": self.answerer.warning} if self.answerer.warning else {}),
             "index_version": knowledge.version,
             "latest_version": latest,
             "num_blocks": knowledge.num_blocks,
@@ -202,6 +214,7 @@ class QAService:
             "k": self.answerer.k,
             "batch_size": self.batcher.max_batch,
         }
+        return report if paths else {k: without_paths(v) if isinstance(v, str) else v for k, v in report.items()}
 
 
 def _message(err: RequestValidationError) -> str:
@@ -217,11 +230,12 @@ def _message(err: RequestValidationError) -> str:
 
 def create_app(service: QAService, api_key: str | None = None, limits: ServiceLimits | None = None) -> FastAPI:
     """The HTTP API over a loaded service, and the page that uses it, behind the request bounds. With `api_key`,
-    `/ask` and `/search` want `Authorization: Bearer <api_key>`. No /docs or /redoc: they load scripts from a CDN."""
+    everything but the page and `/health` wants `Authorization: Bearer <api_key>` (checked by the bounds, before
+    anything is held). No /docs or /redoc: they load scripts from a CDN."""
     app = FastAPI(
         title="realm", summary="Open-domain questions answered with retrieved evidence", docs_url=None, redoc_url=None
     )
-    app.add_middleware(BoundedRequests, limits=limits or ServiceLimits())
+    app.add_middleware(BoundedRequests, limits=limits or ServiceLimits(), api_key=api_key)
     page = (files("realm.serve") / "web" / "index.html").read_text(encoding="utf-8")
 
     @app.exception_handler(RequestValidationError)
@@ -231,25 +245,20 @@ def create_app(service: QAService, api_key: str | None = None, limits: ServiceLi
             return JSONResponse({"detail": "body: send JSON (Content-Type: application/json)"}, status_code=415)
         return JSONResponse({"detail": _message(err)}, status_code=422)
 
+    # `/` and `/health` run on the event loop, not in the thread pool the questions wait in: they answer at once.
     @app.get("/", response_class=HTMLResponse)
-    def index_page() -> str:
+    async def index_page() -> str:
         return page
 
     @app.get("/health")
-    def health() -> dict:
-        return service.health()
+    async def health(request: Request) -> dict:
+        return service.health(paths=api_key is not None and has_key(request.headers.raw, api_key))
 
-    def authorized(authorization: Annotated[str | None, Header()] = None) -> None:
-        if api_key is not None and not secrets.compare_digest(authorization or "", f"Bearer {api_key}"):
-            raise HTTPException(
-                401, "this service needs an API key: send Authorization: Bearer <key>", {"WWW-Authenticate": "Bearer"}
-            )
-
-    @app.post("/ask", dependencies=[Depends(authorized)])
+    @app.post("/ask")
     def ask(request: AskRequest) -> dict:
         return service.ask(request.question, request.k)
 
-    @app.post("/search", dependencies=[Depends(authorized)])
+    @app.post("/search")
     def search(request: SearchRequest) -> dict:
         return service.search(request.query, request.k)
 
