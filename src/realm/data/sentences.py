@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
@@ -116,18 +117,33 @@ def sentences_path(store: BlockStore) -> Path:
     return store.folder / SENTENCES_FILE
 
 
-def build_sentences(store: BlockStore, progress: bool = True) -> Path:
-    """Tag the corpus once; the cache is keyed by the corpus fingerprint and the tagger."""
+def _cache_key(store: BlockStore) -> dict:
+    return {"corpus_fingerprint": store.fingerprint, "tagger": SPACY_MODEL, "date_pattern": DATE_PATTERN.pattern}
+
+
+def cached_sentences(store: BlockStore) -> Path | None:
+    """The corpus's tagged sentences if they are cached for its blocks and this tagger, else None."""
+    path = sentences_path(store)
+    if not path.exists():
+        return None
+    with pa.memory_map(str(path)) as source:
+        metadata = pa.ipc.open_file(source).schema.metadata or {}
+    return path if json.loads(metadata.get(b"realm", b"{}")) == _cache_key(store) else None
+
+
+def build_sentences(store: BlockStore, progress: bool = True, tagged: BlockStore | None = None) -> Path:
+    """Tag the corpus once; the cache is keyed by the corpus fingerprint and the tagger. `tagged`: a corpus whose
+    cache holds these blocks' sentences (the calibration's sample of it): their spans are copied from there, so that
+    a machine without spaCy (a GPU image) can sample a corpus tagged elsewhere."""
     path = sentences_path(store)
     clean_partials(store.folder)  # a tagger killed mid-write left its temporary file
-    key = {"corpus_fingerprint": store.fingerprint, "tagger": SPACY_MODEL, "date_pattern": DATE_PATTERN.pattern}
-    if path.exists():
-        with pa.memory_map(str(path)) as source:
-            metadata = pa.ipc.open_file(source).schema.metadata or {}
-        if json.loads(metadata.get(b"realm", b"{}")) == key:
-            return path
+    if cached_sentences(store):
+        return path
     doc_ids, texts = split_sentences(store)
-    spans = tag_salient_spans(texts, progress)
+    source = cached_sentences(tagged) if tagged is not None else None
+    spans = _copied_spans(source, doc_ids, texts) if source else None
+    if spans is None:
+        spans = tag_salient_spans(texts, progress)
     table = pa.table(
         {
             "doc_id": doc_ids,
@@ -135,7 +151,7 @@ def build_sentences(store: BlockStore, progress: bool = True) -> Path:
             "span_starts": [[s for s, _ in row] for row in spans],
             "span_ends": [[e for _, e in row] for row in spans],
         },
-        schema=SCHEMA.with_metadata({"realm": json.dumps(key)}),
+        schema=SCHEMA.with_metadata({"realm": json.dumps(_cache_key(store))}),
     )
 
     def write(tmp: Path) -> None:
@@ -144,6 +160,19 @@ def build_sentences(store: BlockStore, progress: bool = True) -> Path:
 
     write_atomic(path, write)
     return path
+
+
+def _copied_spans(source: Path, doc_ids: list[str], texts: list[str]) -> list[list[tuple[int, int]]] | None:
+    """The spans of each (doc_id, sentence) as tagged in `source`, or None when one of them is not there."""
+    with pa.memory_map(str(source)) as mapped:
+        table = pa.ipc.open_file(mapped).read_all()
+    table = table.filter(pc.is_in(table.column("doc_id"), value_set=pa.array(sorted(set(doc_ids)), pa.string())))
+    found = {
+        (doc_id, text): list(zip(starts, ends))
+        for doc_id, text, starts, ends in zip(*(table.column(name).to_pylist() for name in SCHEMA.names))
+    }
+    keys = list(zip(doc_ids, texts))
+    return [found[key] for key in keys] if all(key in found for key in keys) else None
 
 
 def _document_hash(doc_id: str) -> int:
