@@ -52,7 +52,7 @@ _ABSOLUTE_PATH = re.compile(r"(?<![\w.~])/(?:[^\s/'\"]+/)*([^\s/'\"]+)")
 
 
 def without_paths(text: str) -> str:
-    """`text` with every absolute path cut to its last part (`/home/me/runs/x/qa/best` -> `.../best`)."""
+    """`text` with every absolute path cut to its last part (`<anywhere>/runs/x/qa/best` -> `.../best`)."""
     return _ABSOLUTE_PATH.sub(r".../\1", text)
 
 
