@@ -18,7 +18,7 @@ from realm.config import get_preset
 from realm.data.qa_examples import load_qa
 from realm.index.mips import MipsIndex
 from realm.models.orqa import QAModel
-from realm.recipes.finetune_qa import make_qa_batch
+from realm.recipes.finetune_qa import make_qa_batch, qa_questions
 from realm.training import bert_optimizer, linear_schedule, optimizer_step
 
 MATMULS = {"aten::mm", "aten::addmm", "aten::bmm"}
@@ -42,9 +42,9 @@ def main() -> None:
 
     def step(i: int) -> dict[str, float]:
         marks = [time.perf_counter()]
-        batch = make_qa_batch(
-            model, examples[i * cfg.batch_size : (i + 1) * cfg.batch_size], index, store, cfg.top_k, cfg.beam
-        )
+        part = examples[i * cfg.batch_size : (i + 1) * cfg.batch_size]
+        questions = qa_questions(part, model.retriever.tokenizer, preset.retriever.query_max_tokens, None)
+        batch = make_qa_batch(model, questions, index, store, cfg.top_k, cfg.beam)
         marks.append(time.perf_counter())
         with autocast(torch.bfloat16, torch.device("cpu")):
             loss, _ = model(batch)

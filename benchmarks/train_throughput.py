@@ -32,7 +32,9 @@ Sentences are split without the salient-span tagger (spaCy may be absent), so RE
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import itertools
 import json
 import os
 import statistics
@@ -48,12 +50,12 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from worktree import ROOT, base_worktree
+from worktree import ROOT, base_worktree, revision_name
 
 from realm.common.device import autocast, default_device
 from realm.config import get_preset
 from realm.data.blocks import BlockStore, sentence_starts
-from realm.data.qa_examples import load_qa
+from realm.data.qa_examples import AnswerBlocks, load_qa
 from realm.data.sentences import split_sentences
 from realm.index.build import build_index
 from realm.index.embed import BlockEmbedder
@@ -65,10 +67,18 @@ from realm.models.orqa import QAModel
 from realm.models.realm import RealmModel
 from realm.models.retriever import Retriever
 from realm.models.span_reader import SpanReader
-from realm.recipes.finetune_qa import make_qa_batch
+from realm.recipes.finetune_qa import make_qa_batch, qa_questions
 from realm.recipes.ict import make_ict_batch
-from realm.recipes.pretrain import make_pretrain_batch
-from realm.training import bert_optimizer, example_rng, linear_schedule, optimizer_step
+from realm.recipes.pretrain import make_pretrain_batch, masked_queries
+from realm.training import (
+    PREFETCH_ENV,
+    Prefetched,
+    bert_optimizer,
+    example_rng,
+    linear_schedule,
+    optimizer_step,
+    prefetch_depth,
+)
 
 
 def synchronize(device: torch.device) -> None:
@@ -112,29 +122,38 @@ def side_by_side(args: argparse.Namespace, passed: list[str]) -> None:
     revisions = args.base.split(",")
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         variants = {
-            f"base {revision}": (tree / "benchmarks" / "train_throughput.py", tree / "src", [])
+            f"base {revision_name(revision)}": (tree / "benchmarks" / "train_throughput.py", tree / "src", [])
             for revision, tree in ((r, stack.enter_context(base_worktree(r))) for r in revisions)
         }
-        variants["this"] = (ROOT / "benchmarks" / "train_throughput.py", ROOT / "src", [])
-        variants["naive (fp32, HF forward, padded)"] = (
-            ROOT / "benchmarks" / "train_throughput.py",
-            ROOT / "src",
-            ["--naive"],
-        )
+        depths = {"this": None} if args.prefetch is None else {f"this, {d} ahead": d for d in args.prefetch.split(",")}
+        for name in depths:
+            variants[name] = (ROOT / "benchmarks" / "train_throughput.py", ROOT / "src", [])
+        if not args.without_naive:
+            variants["naive (fp32, HF forward, padded)"] = (
+                ROOT / "benchmarks" / "train_throughput.py",
+                ROOT / "src",
+                ["--naive"],
+            )
         rows: dict[str, dict[str, list[dict]]] = {name: {} for name in variants}
         for round_ in range(args.rounds):
             for name, (script, src, extra) in variants.items():
                 out = Path(tmp) / f"{round_}-{len(rows[name])}-{abs(hash(name))}.json"
-                env = {**os.environ, "PYTHONPATH": str(src)}
+                # the variant's package first; what the environment adds (MiniLM, wheels) after it
+                env = {
+                    **os.environ,
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")])),
+                }
+                if depths.get(name) is not None:
+                    env[PREFETCH_ENV] = str(depths[name])
                 command = [sys.executable, str(script), *own, *extra, "--json", str(out)]
                 subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
                 for row in json.loads(out.read_text())["results"]:
                     rows[name].setdefault(row["trainer"], []).append(row)
                 print(f"round {round_ + 1}/{args.rounds}: {name} done", flush=True)
-    bases = [f"base {revision}" for revision in revisions]
-    ratios = " | ".join(f"vs {revision}" for revision in revisions)
-    print(f"| trainer | variant | step s (data + compute) | steps/s | tokens/s | MFU | {ratios} |")
-    print("|---|---|---:|---:|---:|---:|" + "---:|" * len(revisions))
+    bases = [f"base {revision_name(revision)}" for revision in revisions]
+    ratios = " | ".join(f"vs {revision_name(revision)}" for revision in revisions)
+    print(f"| trainer | variant | step s (data + compute) | host share | steps/s | tokens/s | MFU | {ratios} |")
+    print("|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(revisions))
     for trainer in rows[bases[0]]:
         for name in variants:
             if trainer not in rows[name]:
@@ -144,13 +163,14 @@ def side_by_side(args: argparse.Namespace, passed: list[str]) -> None:
                 vs = " | ".join(
                     f"{best['blocks_per_s'] / max(r['blocks_per_s'] for r in rows[b][trainer]):.2f}x" for b in bases
                 )
-                print(f"| embed | {name} | {best['blocks_per_s']} blocks/s | | | {best['mfu']:.0%} | {vs} |")
+                print(f"| embed | {name} | {best['blocks_per_s']} blocks/s | | | | {best['mfu']:.0%} | {vs} |")
                 continue
             best = min(rows[name][trainer], key=lambda r: r["step_s"])
             vs = " | ".join(f"{min(r['step_s'] for r in rows[b][trainer]) / best['step_s']:.2f}x" for b in bases)
+            share = best["data_s"] / best["step_s"]  # a base revision's rows may predate `host_share`
             print(
-                f"| {trainer} | {name} | {best['step_s']:.2f} ({best['data_s']:.2f} + {best['compute_s']:.2f}) | "
-                f"{best['steps_per_s']:.3f} | {best['tokens_per_s']} | {best['mfu']:.0%} | {vs} |"
+                f"| {trainer} | {name} | {best['step_s']:.3f} ({best['data_s']:.3f} + {best['compute_s']:.3f}) | "
+                f"{share:.0%} | {best['steps_per_s']:.3f} | {best['tokens_per_s']} | {best['mfu']:.0%} | {vs} |"
             )
 
 
@@ -162,7 +182,8 @@ def tokens(*inputs: dict[str, torch.Tensor]) -> int:
 def measure(
     name: str,
     model: torch.nn.Module,
-    make: Callable[[int], tuple[object, int]],
+    prepare: Callable[[int], object],
+    finish: Callable[[object], tuple[object, int]],
     loss_of: Callable[[object], torch.Tensor],
     lr: float,
     device: torch.device,
@@ -172,7 +193,9 @@ def measure(
     peak: float,
     extra: dict,
 ) -> dict:
-    """Time `steps` full steps (batch construction + forward/backward/optimiser) after `warmup` untimed ones."""
+    """Time `steps` full steps after `warmup` untimed ones: the batch (`prepare(step)`, its model-independent half,
+    built ahead in a thread as the recipes do, `prefetch_depth`; `finish`, the half built in the step) and
+    forward/backward/optimiser. `data_s` is the step's wait for its batch and the half built in it."""
     optimizer = bert_optimizer(model, lr)
     scheduler = linear_schedule(optimizer, 10, 10_000)
     if device.type == "cuda":
@@ -185,19 +208,20 @@ def measure(
         optimizer_step(model, optimizer, scheduler)
 
     data_s, compute_s, token_counts = [], [], []
-    for step in range(warmup + steps):
-        synchronize(device)
-        started = time.perf_counter()
-        batch, n_tokens = make(step)
-        synchronize(device)
-        built = time.perf_counter()
-        train(batch)
-        synchronize(device)
-        if step >= warmup:
-            data_s.append(built - started)
-            compute_s.append(time.perf_counter() - built)
-            token_counts.append(n_tokens)
-    batch, _ = make(warmup + steps)
+    with Prefetched(map(prepare, itertools.count()), prefetch_depth(device)) as prepared:
+        for step in range(warmup + steps):
+            synchronize(device)
+            started = time.perf_counter()
+            batch, n_tokens = finish(next(prepared))
+            synchronize(device)
+            built = time.perf_counter()
+            train(batch)
+            synchronize(device)
+            if step >= warmup:
+                data_s.append(built - started)
+                compute_s.append(time.perf_counter() - built)
+                token_counts.append(n_tokens)
+        batch, _ = finish(next(prepared))
     with FlopCounterMode(display=False) as counter:
         with autocast(dtype, device):
             loss = loss_of(batch)
@@ -208,6 +232,7 @@ def measure(
     result = {
         "trainer": name,
         **extra,
+        "prefetch": prefetch_depth(device),
         "steps_per_s": round(1 / step_s, 3),
         "step_s": round(step_s, 4),
         "data_s": round(statistics.median(data_s), 4),
@@ -217,6 +242,7 @@ def measure(
         "tflop_per_s": round(flops / step_s / 1e12, 2),
         "mfu": round(flops / step_s / peak, 4),
         "mfu_compute_only": round(flops / statistics.median(compute_s) / peak, 4),
+        "host_share": round(statistics.median(d / (d + c) for d, c in zip(data_s, compute_s)), 3),
     }
     if device.type == "cuda":
         result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
@@ -242,10 +268,15 @@ def main() -> None:
     parser.add_argument("--naive", action="store_true", help="the naive reference: fp32, HF forward, padded")
     parser.add_argument("--base", help="also measure these revisions (comma-separated), side by side (with --rounds)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--prefetch", help="with --base: this tree at each of these depths (e.g. 0,1,2; $REALM_PREFETCH)"
+    )
+    parser.add_argument("--without-naive", action="store_true", help="with --base: leave out the naive reference")
     args = parser.parse_args()
     if args.base:
         passed = sys.argv[1:]
-        for flag in ("--base", "--rounds", "--json"):  # the children's own options
+        passed = [a for a in passed if a != "--without-naive"]
+        for flag in ("--base", "--rounds", "--json", "--prefetch"):  # the children's own options
             if flag in passed:
                 at = passed.index(flag)
                 del passed[at : at + 2]
@@ -322,10 +353,12 @@ def main() -> None:
             usable = [i for i, body in enumerate(bodies) if len(sentence_starts(body)) >= 2]
             model = ICTModel(retriever).train()
 
-            def make_ict(step: int):
+            ict_tokenizer = copy.deepcopy(tokenizer)  # the building thread's own
+
+            def prepare_ict(step: int):
                 rows = [usable[(step * cfg.batch_size + j) % len(usable)] for j in range(cfg.batch_size)]
-                query, docs = make_ict_batch(
-                    tokenizer,
+                return make_ict_batch(
+                    ict_tokenizer,
                     [titles[i] for i in rows],
                     [bodies[i] for i in rows],
                     [example_rng(0, 0, i) for i in rows],
@@ -333,16 +366,17 @@ def main() -> None:
                     preset.retriever.query_max_tokens,
                     store.config,
                 )
-                return (
-                    {k: v.to(device) for k, v in query.items()},
-                    {k: v.to(device) for k, v in docs.items()},
-                ), tokens(query, docs)
+
+            def finish_ict(built):
+                query, docs = built
+                return tuple({k: v.to(device) for k, v in x.items()} for x in built), tokens(query, docs)
 
             results.append(
                 measure(
                     "ict",
                     model,
-                    make_ict,
+                    prepare_ict,
+                    finish_ict,
                     lambda b: model(*b)[0],
                     cfg.lr,
                     device,
@@ -372,20 +406,16 @@ def main() -> None:
             model = RealmModel(retriever, reader).to(device).train()
             order = np.random.default_rng(0).permutation(len(texts))
 
-            def make_realm(step: int):
+            realm_tokenizer = copy.deepcopy(tokenizer)  # the building thread's own
+
+            def prepare_realm(step: int):
                 rows = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]
+                return rows, masked_queries(sentences, rows, 0, cfg, realm_tokenizer, preset.retriever.query_max_tokens)
+
+            def finish_realm(built):
+                rows, queries = built
                 batch = make_pretrain_batch(
-                    model,
-                    index,
-                    sentences,
-                    rows,
-                    0,
-                    cfg,
-                    preset.retriever.query_max_tokens,
-                    store,
-                    block_doc_ids,
-                    device,
-                    dtype,
+                    model, index, sentences, rows, queries, cfg, store, block_doc_ids, device, dtype
                 )
                 return batch, tokens(batch.query, batch.docs, batch.reader)
 
@@ -393,7 +423,8 @@ def main() -> None:
                 measure(
                     "realm",
                     model,
-                    make_realm,
+                    prepare_realm,
+                    finish_realm,
                     lambda b: model(b)[0],
                     cfg.lr,
                     device,
@@ -421,16 +452,23 @@ def main() -> None:
             model = QAModel(retriever, span_reader).to(device).train()
             k = min(cfg.top_k, len(index.block_ids))
 
-            def make_qa(step: int):
+            answers = AnswerBlocks(store.column("body"))
+            qa_tokenizer = copy.deepcopy(tokenizer)  # the building thread's own
+
+            def prepare_qa(step: int):
                 part = [examples[(step * cfg.batch_size + j) % len(examples)] for j in range(cfg.batch_size)]
-                batch = make_qa_batch(model, part, index, store, k, cfg.beam).to(device)
+                return qa_questions(part, qa_tokenizer, preset.retriever.query_max_tokens, answers)
+
+            def finish_qa(questions):
+                batch = make_qa_batch(model, questions, index, store, k, cfg.beam).to(device)
                 return batch, tokens(batch.query, batch.reader.inputs)
 
             results.append(
                 measure(
                     "qa",
                     model,
-                    make_qa,
+                    prepare_qa,
+                    finish_qa,
                     lambda b: model(b)[0],
                     cfg.lr,
                     device,

@@ -13,7 +13,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @contextmanager
 def base_worktree(revision: str) -> Iterator[Path]:
-    """`revision` in a temporary git worktree (its root), removed afterwards."""
+    """`revision` in a temporary git worktree (its root), removed afterwards; a folder holding a revision's files
+    (`git archive`, for a machine without the repository's history) is used as it is."""
+    if Path(revision, "src").is_dir():
+        yield Path(revision)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "base"
         subprocess.run(
@@ -23,3 +27,9 @@ def base_worktree(revision: str) -> Iterator[Path]:
             yield tree
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+
+
+def revision_name(revision: str) -> str:
+    """How a base is named in a table: its revision, also for a folder of its files that records it (REVISION)."""
+    recorded = Path(revision, "REVISION")
+    return recorded.read_text().strip() if recorded.is_file() else revision

@@ -7,6 +7,7 @@ import dataclasses
 import gzip
 import itertools
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -100,6 +101,27 @@ def dead_pid() -> int:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     return child.pid
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory) -> Iterator[Path]:
+    """$REALM_CACHE (tagged sentences are shared there) of the session's fixtures: never the user's."""
+    folder = tmp_path_factory.mktemp("realm-cache")
+    before = os.environ.get("REALM_CACHE")
+    os.environ["REALM_CACHE"] = str(folder)
+    yield folder
+    if before is None:
+        del os.environ["REALM_CACHE"]
+    else:
+        os.environ["REALM_CACHE"] = before
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch) -> Path:
+    """Each test's own $REALM_CACHE, empty at its start: what one test tagged is not another's cache."""
+    folder = tmp_path_factory.mktemp("realm-cache")
+    monkeypatch.setenv("REALM_CACHE", str(folder))
+    return folder
 
 
 @pytest.fixture(scope="session")

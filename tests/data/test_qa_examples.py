@@ -10,6 +10,7 @@ import pytest
 from conftest import SHARED_DATA
 
 from realm.data.qa_examples import (
+    AnswerBlocks,
     QAExample,
     has_answer,
     is_answer_span,
@@ -83,6 +84,29 @@ def test_has_answer_matches_whole_normalised_tokens():
     assert has_answer("...won by the broncos!", example)
     assert not has_answer("The Broncosaurus is not a team.", example)
     assert not has_answer("Denver is a city.", example)
+
+
+def test_the_answer_index_finds_the_blocks_has_answer_finds():
+    """AnswerBlocks (QA's beam labels): every case above, the ones that must not match among the blocks."""
+    positive = [
+        "Chopin's nocturnes",
+        "the 1997–98 season",
+        "a New York-based company",
+        "(Frédéric Chopin)",
+        "Super Bowl 50, the 50th",
+        "The Denver Broncos defeated the Panthers.",
+        "...won by the broncos!",
+    ]
+    negative = ["Chopinesque", "Parisian cafés", "Denver is a city", "The Broncosaurus is not a team."]  # fmt: skip
+    bodies = positive + negative
+    index = AnswerBlocks(bodies)
+    examples = [QAExample("q", (a,)) for a in ("Chopin", "1997", "New York", "Frédéric Chopin", "super bowl 50")]
+    examples += [QAExample("q", ("Denver Broncos", "The Broncos")), QAExample("q", ("Paris",)), QAExample("q", ("?",))]
+    for example in examples:
+        truth = [b for b, body in enumerate(bodies) if has_answer(body, example)]
+        assert index.holding(example).tolist() == truth
+    assert index.holding(examples[5]).tolist() == [5, 6] and index.holding(examples[6]).tolist() == []
+    assert index.holding(QAExample("q", ("Paris",), regex=True)) is None  # regex answers: tested block by block
 
 
 def test_has_answer_regex():

@@ -17,7 +17,7 @@ from realm.data.sentences import SentenceSet, build_sentences, mask_each_salient
 from realm.index.mips import MipsIndex
 from realm.models.mlm_reader import Reader
 from realm.models.realm import NULL_BLOCK, RealmModel
-from realm.recipes.pretrain import make_pretrain_batch, train_pretrain
+from realm.recipes.pretrain import make_pretrain_batch, masked_queries, train_pretrain
 from realm.recipes.warmup import best_holders, warmup_reading
 
 FAIR_DOCS = [  # "1889" is Paris's and two other documents'; "Japan" is Tokyo's alone
@@ -59,8 +59,9 @@ def _warmup_batches(store, tokenizer, retriever, kinds, finder=None, index=None)
                      if mask_each_salient_span(text, spans, tokenizer, max_tokens, cfg.max_masks)])  # fmt: skip
     model = RealmModel(retriever, Reader.load("random", TINY_PRESET.retriever.shape))
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
+    queries = masked_queries(sentences, rows, 0, cfg, tokenizer, max_tokens)
     batches = {
-        kind: make_pretrain_batch(model, None, sentences, rows, 0, cfg, max_tokens, store, block_doc_ids,
+        kind: make_pretrain_batch(model, None, sentences, rows, queries, cfg, store, block_doc_ids,
                                   torch.device("cpu"), torch.float32, warmup_reading(kind, store, finder, index))
         for kind in kinds
     }  # fmt: skip

@@ -107,8 +107,10 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="settings preset (default: cpu)")
+def common(parser: argparse.ArgumentParser, preset_default: str | None = "cpu", preset_help: str = "cpu") -> None:
+    parser.add_argument(
+        "--preset", default=preset_default, choices=sorted(PRESETS), help=f"settings preset (default: {preset_help})"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

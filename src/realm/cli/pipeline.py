@@ -9,7 +9,7 @@ from pathlib import Path
 
 from realm.cli.options import common
 from realm.common.weights import MINILM
-from realm.config import get_preset
+from realm.config import default_preset, get_preset
 from realm.data.sources import VITAL_ARTICLES
 
 
@@ -18,7 +18,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     from realm.pipeline.plan import PipelineOptions
     from realm.pipeline.run import Pipeline
 
-    preset = get_preset(args.preset)
+    preset = get_preset(args.preset or default_preset())
     if args.retriever:
         preset = dataclasses.replace(preset, qa=dataclasses.replace(preset.qa, retriever=args.retriever))
     ict_steps = args.ict_steps if args.ict_steps is not None else (preset.ict.steps if preset.pipeline_ict else 0)
@@ -90,7 +90,7 @@ def add_commands(commands) -> None:
     pipeline.add_argument(
         "--dtype", choices=["auto", "bf16", "fp32"], help="compute dtype of every stage (auto: bf16 where supported)"
     )
-    common(pipeline)
+    common(pipeline, preset_default=None, preset_help="gpu where CUDA is, else cpu")
     pipeline.set_defaults(run=cmd_pipeline)
 
     results = commands.add_parser(

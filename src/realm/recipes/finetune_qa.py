@@ -8,24 +8,26 @@ exact match on the dev questions; the best model is kept in out/best (retriever/
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
+from transformers import PreTrainedTokenizerBase
 
 from realm.common.device import autocast, default_device
 from realm.common.io import write_dir_atomic
 from realm.config import Preset, QAConfig, RetrieverConfig, record_run_config
 from realm.data.blocks import BlockStore
-from realm.data.qa_examples import QAExample, has_answer
+from realm.data.qa_examples import AnswerBlocks, QAExample, has_answer
 from realm.eval.answerer import Answerer
 from realm.eval.qa import evaluate_qa
 from realm.index.mips import MipsIndex
@@ -38,14 +40,19 @@ from realm.index.search import (
     open_searcher,
 )
 from realm.models.orqa import QABatch, QAModel
+from realm.models.retriever import encode_queries
 from realm.models.span_reader import matching_spans
 from realm.recipes.model_card import write_model_card
 from realm.training import (
     DataOrder,
+    DataPosition,
+    Dist,
     MetricsLog,
+    Prefetched,
     bert_optimizer,
     linear_schedule,
     optimizer_step,
+    prefetch_depth,
     resume_training,
     save_checkpoint,
     setup_distributed,
@@ -54,6 +61,7 @@ from realm.training import (
 log = logging.getLogger(__name__)
 
 BEST = "best"
+ANSWER_INDEX_MAX_BLOCKS = 1_000_000  # above, answers are tested block by block (the token index: ~8 bytes a token)
 
 
 def retrieve_beam(
@@ -68,9 +76,36 @@ def retrieve_beam(
     return ids, bm25
 
 
+@dataclass(frozen=True)
+class QAQuestions:
+    """The half of a QA batch that does not depend on the model, built ahead of the step (training.Prefetched)."""
+
+    examples: list[QAExample]
+    query: dict[str, torch.Tensor]  # [CLS] x [SEP] (B, Lq)
+    answer_blocks: list[np.ndarray | None]  # the blocks holding each one's answer (None: test each block)
+
+
+def qa_questions(
+    examples: list[QAExample], tokenizer: PreTrainedTokenizerBase, max_tokens: int, answers: AnswerBlocks | None
+) -> QAQuestions:
+    """The questions tokenised, and where `answers` indexes the corpus the blocks holding each one's answer."""
+    holding = [answers.holding(e) if answers is not None else None for e in examples]
+    return QAQuestions(examples, encode_queries(tokenizer, [e.question for e in examples], max_tokens), holding)
+
+
+def qa_batches(
+    train: Sequence[QAExample], start: DataPosition, cfg: QAConfig, tokenizer: PreTrainedTokenizerBase,
+    max_tokens: int, answers: AnswerBlocks | None, d: Dist,
+) -> Iterator[tuple[DataPosition, QAQuestions]]:  # fmt: skip
+    """This rank's questions from `start` on, each batch with the data position after it."""
+    tokenizer = copy.deepcopy(tokenizer)  # the building thread's own
+    for position, _, local in DataOrder(len(train), cfg.seed).batches(start, cfg.batch_size, d):
+        yield position, qa_questions([train[i] for i in local], tokenizer, max_tokens, answers)
+
+
 def make_qa_batch(
     model: QAModel,
-    examples: Sequence[QAExample],
+    questions: QAQuestions,
     index: MipsIndex,
     store: BlockStore,
     k: int,
@@ -78,35 +113,29 @@ def make_qa_batch(
     sparse: BM25Searcher | None = None,
 ) -> QABatch:
     """Retrieve the beam with the current query tower (no gradient here) and label answers and spans."""
-    questions = [e.question for e in examples]
-    query = model.retriever.encode_queries(questions)
-    vectors = model.retriever.query_vectors(query)
-    ids, bm25 = retrieve_beam(model, questions, vectors, index, sparse, max(beam, k))  # (B, R), best first
+    examples, asked = questions.examples, [e.question for e in questions.examples]
+    vectors = model.retriever.query_vectors(questions.query)
+    ids, bm25 = retrieve_beam(model, asked, vectors, index, sparse, max(beam, k))  # (B, R), best first
     valid = ids >= 0
     top = ids[:, :k]  # the reader's blocks: what `ask` and `serve` retrieve (a hybrid beam of another depth
     if sparse is not None and max(beam, k) != max(k, HYBRID_POOL):  # ranks another pool: rank the served one)
-        top = hybrid_top(index, sparse, questions, vectors, model.fusion_weight, k)[1]
-    unique = np.unique(np.concatenate([ids[valid], top[top >= 0]]))
-    bodies = dict(zip(unique.tolist(), (b.body for b in store.take(unique.tolist()))))
-    beam_answer = np.array(
-        [
-            [ok and has_answer(bodies[int(i)], example) for i, ok in zip(row, row_ok)]
-            for example, row, row_ok in zip(examples, ids, valid)
-        ]
-    )
-    beam_vectors = torch.from_numpy(index.stored_vectors(np.where(valid, ids, index.block_ids[0])))  # (B, R, D)
+        top = hybrid_top(index, sparse, asked, vectors, model.fusion_weight, k)[1]
     if (top < 0).any():
         raise ValueError(f"the index holds fewer than k={k} blocks")
-    texts = [[bodies[int(i)] for i in row] for row in top]
-    reader, blocks = model.reader_inputs(questions, texts, store.config.max_block_tokens)
+    beam_answer, reader_answer = answer_labels(ids, valid, top, questions, store)  # (B, R), (B, k)
+    beam_vectors = torch.from_numpy(index.stored_vectors(np.where(valid, ids, index.block_ids[0])))  # (B, R, D)
+    bodies = [[b.body for b in store.take(row.tolist())] for row in top]
+    reader, blocks = model.reader_inputs(asked, bodies, store.config.max_block_tokens)
     match = torch.zeros_like(reader.span_valid)
-    for n, (example, block_id, spans) in enumerate(
-        (e, int(i), s) for e, row, srow in zip(examples, top, blocks) for i, s in zip(row, srow)
+    for n, (example, body, spans, held) in enumerate(
+        (e, body, s, h)
+        for e, row, srow, hrow in zip(examples, bodies, blocks, reader_answer)
+        for body, s, h in zip(row, srow, hrow)
     ):
-        labels = matching_spans(bodies[block_id], spans, example)
+        labels = matching_spans(body, spans, example, bool(held))
         match[n, : len(labels)] = torch.tensor(labels, dtype=torch.bool)
     return QABatch(
-        dict(query),
+        dict(questions.query),
         beam_vectors,
         torch.from_numpy(bm25),
         torch.from_numpy(valid),
@@ -114,6 +143,24 @@ def make_qa_batch(
         reader,
         match,
     )
+
+
+def answer_labels(
+    ids: np.ndarray, valid: np.ndarray, top: np.ndarray, questions: QAQuestions, store: BlockStore
+) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each beam block (B, R) and each reader block (B, k) holds the question's answer: looked up in the
+    question's answer blocks, or tested block by block where it has none (regex answers)."""
+    beam = np.zeros(ids.shape, dtype=bool)
+    reader = np.zeros(top.shape, dtype=bool)
+    for q, (example, holding) in enumerate(zip(questions.examples, questions.answer_blocks)):
+        if holding is not None:
+            beam[q], reader[q] = np.isin(ids[q], holding) & valid[q], np.isin(top[q], holding)
+            continue
+        row = np.unique(np.concatenate([ids[q][valid[q]], top[q]]))
+        held = {int(b): has_answer(block.body, example) for b, block in zip(row, store.take(row.tolist()))}
+        beam[q] = [ok and held[int(b)] for b, ok in zip(ids[q], valid[q])]
+        reader[q] = [held[int(b)] for b in top[q]]
+    return beam, reader
 
 
 def qa_searcher(model: QAModel, index: MipsIndex, store: BlockStore, sparse: BM25Searcher | None) -> Searcher:
@@ -197,7 +244,6 @@ def train_qa(
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
     total = cfg.total_steps(len(train))
     optimizer, scheduler = _optimizer(model, cfg, total)
-    order = DataOrder(len(train), cfg.seed)
     if d.main:
         run = {"recipe": "finetune_qa", "model": model_spec, "reader": reader_spec, "index": str(index_dir)}
         data = {"index_version": index.version, "train_questions": len(train), "dev_questions": len(dev)}
@@ -207,17 +253,22 @@ def train_qa(
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
     dev_part = list(dev)[: cfg.dev_limit]
     metrics_log = MetricsLog(out, total, step, d, "QA", progress)
-    try:
+    answers = AnswerBlocks(store.column("body")) if len(store) <= ANSWER_INDEX_MAX_BLOCKS else None
+    tokenizer, max_tokens = model.retriever.tokenizer, model.retriever.config.query_max_tokens
+    batches = Prefetched(qa_batches(train, position, cfg, tokenizer, max_tokens, answers, d), prefetch_depth(device))
+    with batches, metrics_log:
         while step < total:
-            indices, position = order.take(position, cfg.batch_size)
-            local = [train[i] for i in indices[d.rank :: d.world_size]]
-            batch = make_qa_batch(model, local, index, store, k, cfg.beam, sparse).to(device)
+            waited = time.perf_counter()
+            position, questions = next(batches)
+            batch = make_qa_batch(model, questions, index, store, k, cfg.beam, sparse).to(device)
+            waited = time.perf_counter() - waited
             with autocast(dtype, device):
                 loss, stats = trained(batch)
             loss.backward()
             optimizer_step(model, optimizer, scheduler)
             step += 1
             metrics = {"loss": loss.item(), **{m: v.item() for m, v in stats.items()}, "lr": scheduler.get_last_lr()[0]}
+            metrics["batch_seconds"] = waited
             end_of_epoch = step % steps_per_epoch == 0 or step == total  # epochs counted in steps
             if end_of_epoch and d.main:
                 answerer = Answerer(
@@ -235,8 +286,6 @@ def train_qa(
                 save_checkpoint(
                     out, step, model, optimizer, scheduler, position, d, {"best_em": best_em}, final=step == total
                 )
-    finally:
-        metrics_log.close()
     if d.main:
         log.info("best dev exact match %.2f: %s", best_em, json.loads((out / BEST / "dev.json").read_text()))
     return out / BEST

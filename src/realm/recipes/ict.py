@@ -7,8 +7,11 @@ process uses its share of the global batch as its negatives.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
+import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,15 +29,21 @@ from realm.models.retriever import Retriever
 from realm.recipes.model_card import write_model_card
 from realm.training import (
     DataOrder,
+    DataPosition,
+    Dist,
     MetricsLog,
+    Prefetched,
     bert_optimizer,
     example_rng,
     linear_schedule,
     optimizer_step,
+    prefetch_depth,
     resume_training,
     save_checkpoint,
     setup_distributed,
 )
+
+Batch = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +82,31 @@ def make_ict_batch(
     return query, pad_batch(ids, types, tokenizer.pad_token_id)
 
 
+def ict_batches(
+    store: BlockStore, usable: np.ndarray, start: DataPosition, preset: Preset, tokenizer: PreTrainedTokenizerBase,
+    d: Dist,
+) -> Iterator[tuple[DataPosition, Batch]]:  # fmt: skip
+    """This rank's batches of the `usable` blocks from `start` on, each with the data position after it. A batch
+    depends on the data order and each example's seeded randomness alone, so it can be built ahead of the step
+    (training.Prefetched)."""
+    cfg = preset.ict
+    titles, bodies = store.slice(0, len(store))
+    tokenizer = copy.deepcopy(tokenizer)  # the building thread's own
+    for position, epoch, local in DataOrder(len(usable), cfg.seed).batches(start, cfg.batch_size, d):
+        yield (
+            position,
+            make_ict_batch(
+                tokenizer,
+                [titles[usable[i]] for i in local],
+                [bodies[usable[i]] for i in local],
+                [example_rng(cfg.seed, epoch, int(i)) for i in local],
+                cfg.remove_sentence_prob,
+                preset.retriever.query_max_tokens,
+                store.config,
+            ),
+        )
+
+
 def ict_settings(preset: Preset, steps: int | None = None) -> dict:
     """Every setting ICT reads (`steps`: the length it trains, if not the preset's): its config.json, and its
     stage's fingerprint in the pipeline."""
@@ -100,11 +134,11 @@ def train_ict(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     store = BlockStore(corpus)
-    titles, bodies = store.slice(0, len(store))
-    usable = np.array([i for i, body in enumerate(bodies) if len(sentence_spans(body)) >= 2], dtype=np.int64)
+    usable = np.array(
+        [i for i, body in enumerate(store.column("body")) if len(sentence_spans(body)) >= 2], dtype=np.int64
+    )
     if len(usable) < cfg.batch_size:
         raise ValueError(f"{corpus}: only {len(usable)} blocks with two or more sentences; ICT needs a batch of them")
-    order = DataOrder(len(usable), cfg.seed)
 
     retriever = Retriever.load(model_spec, preset.retriever).to(device).train()
     model = ICTModel(retriever)
@@ -115,36 +149,25 @@ def train_ict(
         record_run_config(out, run | ict_settings(preset, steps), resume, allow_config_change)
     step, position, _ = resume_training(out, resume, model, optimizer, scheduler, d, "ICT")
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
-    tokenizer = retriever.tokenizer
     metrics_log = MetricsLog(out, steps, step, d, "ICT", progress)
-    while step < steps:
-        epoch = position.epoch
-        indices, position = order.take(position, cfg.batch_size)
-        local = indices[d.rank :: d.world_size]
-        query, docs = make_ict_batch(
-            tokenizer,
-            [titles[usable[i]] for i in local],
-            [bodies[usable[i]] for i in local],
-            [example_rng(cfg.seed, epoch, int(i)) for i in local],
-            cfg.remove_sentence_prob,
-            preset.retriever.query_max_tokens,
-            store.config,
-        )
-        with autocast(dtype, device):
-            loss, accuracy = trained(
-                {k: v.to(device) for k, v in query.items()}, {k: v.to(device) for k, v in docs.items()}
+    batches = Prefetched(ict_batches(store, usable, position, preset, retriever.tokenizer, d), prefetch_depth(device))
+    with batches, metrics_log:
+        while step < steps:
+            waited = time.perf_counter()
+            position, (query, docs) = next(batches)
+            query, docs = ({k: v.to(device) for k, v in x.items()} for x in (query, docs))
+            waited = time.perf_counter() - waited
+            with autocast(dtype, device):
+                loss, accuracy = trained(query, docs)
+            loss.backward()
+            optimizer_step(model, optimizer, scheduler)
+            step += 1
+            metrics = {"loss": loss.item(), "accuracy": accuracy.item(), "lr": float(scheduler.get_last_lr()[0])}
+            metrics_log.step(
+                step, metrics | {"batch_seconds": waited}, log_now=step % cfg.log_every == 0 or step == steps
             )
-        loss.backward()
-        optimizer_step(model, optimizer, scheduler)
-        step += 1
-        metrics_log.step(
-            step,
-            {"loss": loss.item(), "accuracy": accuracy.item(), "lr": float(scheduler.get_last_lr()[0])},
-            log_now=step % cfg.log_every == 0 or step == steps,
-        )
-        if step % cfg.checkpoint_every == 0 or step == steps:
-            save_checkpoint(out, step, model, optimizer, scheduler, position, d, final=step == steps)
-    metrics_log.close()
+            if step % cfg.checkpoint_every == 0 or step == steps:
+                save_checkpoint(out, step, model, optimizer, scheduler, position, d, final=step == steps)
     if d.main:
         retriever.save(out / "retriever")
         write_model_card(out / "retriever", out)

@@ -10,9 +10,10 @@ first: the null document alone, or with one block (`reader_warmup`, recipes/warm
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,13 +22,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
+from transformers import PreTrainedTokenizerBase
 
 from realm.common.device import autocast, default_device
 from realm.common.io import write_json_atomic
 from realm.config import Preset, PretrainConfig, record_run_config
 from realm.data.blocks import BlockStore
 from realm.data.recoverable import SpanFinder
-from realm.data.sentences import SentenceSet, build_sentences, mask_sentence, sentences_path
+from realm.data.sentences import MaskedQuery, SentenceSet, build_sentences, mask_sentence, sentences_path
 from realm.index.build import build_from_retriever
 from realm.index.mips import MipsIndex, current_version
 from realm.index.refresh import BuilderConfig, IndexBuilder, RefreshPolicy, save_snapshot
@@ -39,14 +41,17 @@ from realm.recipes.model_card import write_model_card
 from realm.recipes.warmup import WarmupReading, warmup_reading
 from realm.training import (
     DataOrder,
+    DataPosition,
     Dist,
     MetricsLog,
+    Prefetched,
     barrier,
     bert_optimizer,
     broadcast,
     example_rng,
     linear_schedule,
     optimizer_step,
+    prefetch_depth,
     resume_training,
     save_checkpoint,
     setup_distributed,
@@ -58,25 +63,16 @@ SENTENCE_USAGE = "sentences.json"  # the masking scheme and how many training se
 RECOVERABILITY_MAX_BLOCKS = 1_000_000  # above, recoverability is not logged (its lookup holds every block's words)
 
 
-def make_pretrain_batch(
-    model: RealmModel,
-    index: MipsIndex | None,
+def masked_queries(
     sentences: SentenceSet,
     rows: np.ndarray,
     epoch: int,
     cfg: PretrainConfig,
+    tokenizer: PreTrainedTokenizerBase,
     query_max_tokens: int,
-    store: BlockStore,
-    block_doc_ids: np.ndarray,
-    device: torch.device,
-    dtype: torch.dtype,
-    warmup: WarmupReading | None = None,
-) -> RealmBatch:
-    """Mask the sentences `rows`, retrieve their candidates from `index` with the current query tower (none
-    without an index: the null document alone, or with `warmup` also its block), and assemble the reader inputs,
-    on `device`."""
-    tokenizer = model.retriever.tokenizer
-    queries = [
+) -> list[MaskedQuery]:
+    """The sentences `rows` masked, each with its example's own randomness in this epoch."""
+    return [
         mask_sentence(
             sentences.texts[i],
             sentences.spans[i],
@@ -88,6 +84,40 @@ def make_pretrain_batch(
         )
         for i in rows
     ]
+
+
+def pretrain_queries(
+    sentences: SentenceSet, start: DataPosition, preset: Preset, tokenizer: PreTrainedTokenizerBase, d: Dist
+) -> Iterator[tuple[DataPosition, np.ndarray, list[MaskedQuery]]]:
+    """This rank's sentences and their masked queries from `start` on, each batch with the data position after
+    it: the half of a batch that does not depend on the model, so it can be built ahead (training.Prefetched)."""
+    cfg = preset.pretrain
+    tokenizer = copy.deepcopy(tokenizer)  # the building thread's own
+    for position, epoch, local in DataOrder(len(sentences), cfg.seed).batches(start, cfg.batch_size, d):
+        yield (
+            position,
+            local,
+            masked_queries(sentences, local, epoch, cfg, tokenizer, preset.retriever.query_max_tokens),
+        )
+
+
+def make_pretrain_batch(
+    model: RealmModel,
+    index: MipsIndex | None,
+    sentences: SentenceSet,
+    rows: np.ndarray,
+    queries: list[MaskedQuery],
+    cfg: PretrainConfig,
+    store: BlockStore,
+    block_doc_ids: np.ndarray,
+    device: torch.device,
+    dtype: torch.dtype,
+    warmup: WarmupReading | None = None,
+) -> RealmBatch:
+    """Retrieve the candidates of the sentences `rows` (masked as `queries`) from `index` with the current query
+    tower (none without an index: the null document alone, or with `warmup` also its block), and assemble the
+    reader inputs, on `device`."""
+    tokenizer = model.retriever.tokenizer
     doc_ids = [sentences.doc_ids[i] for i in rows]
     bodies, retrieved = None, np.empty((len(rows), 0), dtype=np.int64)  # without an index: the null document alone
     if index is None and warmup is not None:  # the warm-up's one block, (B, 1)
@@ -180,7 +210,6 @@ def train_pretrain(
     retriever = Retriever.load(retriever_spec, preset.retriever)
     model = RealmModel(retriever, Reader.load(reader_spec, preset.retriever.shape), cfg.reader_loss)
     finder, sentences = training_sentences(store, model, preset, run, progress, d)
-    order = DataOrder(len(sentences), cfg.seed)
     optimizer, scheduler = _optimizer(model.to(device).train(), cfg)
     if d.main:
         models = {"corpus": str(corpus), "retriever_model": retriever_spec, "reader_model": reader_spec}
@@ -206,29 +235,31 @@ def train_pretrain(
     trained = DistributedDataParallel(model, find_unused_parameters=null_batches) if d.world_size > 1 else model
     metrics_log = MetricsLog(run.out, cfg.steps, step, d, "REALM", progress)
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
+    batches = Prefetched(pretrain_queries(sentences, position, preset, retriever.tokenizer, d), prefetch_depth(device))
     try:
         while step < cfg.steps:
             index = newest_index(index, run, policy, d)
             builder.share_cores(device)
-            epoch = position.epoch
-            indices, position = order.take(position, cfg.batch_size)
-            local = indices[d.rank :: d.world_size]
+            waited = time.perf_counter()
+            position, local, queries = next(batches)
             searched = index if step >= cfg.null_warmup_steps else None
             batch = make_pretrain_batch(
-                model, searched, sentences, local, epoch, cfg, preset.retriever.query_max_tokens, store,
-                block_doc_ids, device, dtype, warmup,
-            )  # fmt: skip
+                model, searched, sentences, local, queries, cfg, store, block_doc_ids, device, dtype, warmup
+            )
+            waited = time.perf_counter() - waited
             loss, stats = realm_step(trained, model, batch, optimizer, scheduler, cfg, d, dtype)
             step += 1
             spans = finder if step > cfg.null_warmup_steps else None
             metrics = step_metrics(loss, stats, batch, spans, [sentences.doc_ids[i] for i in local], model, d)
-            metrics |= {"lr": float(scheduler.get_last_lr()[0])} | index_metrics(index, cfg, step, builder)
+            metrics |= {"lr": float(scheduler.get_last_lr()[0]), "batch_seconds": waited}
+            metrics |= index_metrics(index, cfg, step, builder)
             metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or step == cfg.steps)
             if d.main and policy.should_snapshot(step):
                 save_snapshot(model.retriever, run.snapshots, step)
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 save_checkpoint(run.out, step, model, optimizer, scheduler, position, d, final=step == cfg.steps)
     finally:
+        batches.close()
         metrics_log.close()
         builder.stop(finished=step >= cfg.steps)
     if d.main:
