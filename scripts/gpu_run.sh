@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# REALM's main job on one CUDA GPU, as one prepared check that fits a 15-minute device window with room for a rerun:
-# each trainer's step at the GPU recipe's shapes beside a base revision's (steps/s, MFU, the host's share), then
-# `realm pipeline --budget-minutes 6` on the SQuAD-open files (its plan, stage times and EM). Everything lands in
-# runs/gpu/.
+# REALM's main job on one CUDA GPU, as one prepared check of about 8 minutes (a rerun resumes what was cut): the seed
+# test on CUDA, each trainer's step at the GPU recipe's shapes beside a base revision's (steps/s, MFU, the host's
+# share), then `realm pipeline --budget-minutes 6` on the SQuAD-open files (its plan, stage times and EM). Everything
+# lands in runs/gpu/.
 #
 #   bash scripts/gpu_run.sh stage    # here, with the package installed: .gpu/ (git-ignored; carry it) holds what an
 #                                    # offline GPU image lacks: the inputs, a corpus and its salient spans (in the
@@ -73,6 +73,9 @@ setup() {
 check() {
     setup
     local began=$SECONDS
+    # 0. --seed reaches CUDA dropout: the seed test on CPU and CUDA (seconds)
+    $PY -m pytest -q -p no:cacheprovider tests/models/test_encoder.py -k seed_decides 2>&1 | tail -3 | tee $R/seeds.txt \
+        || echo "the seed test failed"
     # 1. each trainer's step, this tree (batches built ahead) beside the base (built in the step); a rerun keeps it
     [ -f $R/throughput.md ] || { $PY benchmarks/train_throughput.py --corpus $G/corpus $SHAPES --qa $TRAIN \
         --trainers ict,realm,qa --warmup 2 --steps "${STEPS:-5}" --base $G/base --rounds 1 --without-naive \
