@@ -42,3 +42,13 @@ def test_the_pipeline_takes_the_gpu_preset_where_cuda_is(monkeypatch):
     assert default_preset() == "cpu"
     assert build_parser().parse_args(["pipeline", "--preset", "paper"]).preset == "paper"
     assert build_parser().parse_args(["train", "ict", "--corpus", "c", "--out", "o"]).preset == "cpu"
+
+
+def test_the_planners_thresholds_count_examples_so_the_gpu_preset_is_held_to_the_same_reading():
+    from realm.pipeline.plan import qa_min_steps, reader_warmup_steps
+
+    cpu, gpu = get_preset("cpu"), get_preset("gpu")
+    assert (reader_warmup_steps(cpu.pretrain), qa_min_steps(cpu.qa)) == (1000, 100)  # steps of 8 (docs/log)
+    assert reader_warmup_steps(gpu.pretrain) * gpu.pretrain.batch_size == 1000 * 8
+    assert qa_min_steps(gpu.qa) * gpu.qa.batch_size == 100 * 8
+    assert gpu.pretrain.null_warmup_steps >= reader_warmup_steps(gpu.pretrain)  # the whole recipe reads as the cpu one

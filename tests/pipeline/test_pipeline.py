@@ -16,12 +16,13 @@ from realm.index.mips import current_version, read_meta
 from realm.models.retriever import Retriever
 from realm.pipeline.calibrate import FINAL_SECONDS
 from realm.pipeline.plan import (
-    READER_WARMUP_STEPS,
     PipelineOptions,
     Workload,
     costed_for,
     plan_pipeline,
     pretrain_step_seconds,
+    qa_min_steps,
+    reader_warmup_steps,
     scale_preset,
 )
 from realm.pipeline.run import Pipeline
@@ -46,9 +47,10 @@ def test_budget_scales_every_training_stage_to_fit():
     longer = plan_pipeline(cpu, work, 600)
     assert longer.preset.pretrain.steps > cpu.pretrain.steps  # a bigger budget buys more steps
     # a warm-up cut short of what the reader needs to read: the plan says which budget keeps it
-    assert plan.preset.pretrain.null_warmup_steps < READER_WARMUP_STEPS and plan.reading_minutes is not None
+    assert reader_warmup_steps(cpu.pretrain) == 1000  # docs/log, twelfth part: 1,000 steps of 8 sentences
+    assert plan.preset.pretrain.null_warmup_steps < 1000 and plan.reading_minutes is not None
     kept = plan_pipeline(cpu, work, plan.reading_minutes)
-    assert kept.preset.pretrain.null_warmup_steps == READER_WARMUP_STEPS and kept.reading_minutes is None
+    assert kept.preset.pretrain.null_warmup_steps == 1000 and kept.reading_minutes is None
     assert f"a budget of about {math.ceil(plan.reading_minutes)} min" in plan.describe()
     assert longer.reading_minutes is None and "warm-up" not in longer.describe()
     with_ablations = plan_pipeline(cpu, dataclasses.replace(work, ablations=True), 60)
@@ -135,7 +137,7 @@ def test_the_plan_trains_first_and_samples_what_measures_it():
     """Synthetic machines: a GPU-like one (60 ms steps, long starts), a bf16 CPU and an AVX2 CPU (6 s steps, slow
     embedding). Training steps get TRAINING_SHARE of the budget wherever measuring everything does not fit beside
     it; evaluation and held-out scoring are then seeded samples, never below their least."""
-    from realm.pipeline.plan import MIN_EVAL_QUESTIONS, MIN_SCORED_SENTENCES, QA_MIN_STEPS, TRAINING_SHARE
+    from realm.pipeline.plan import MIN_EVAL_QUESTIONS, MIN_SCORED_SENTENCES, TRAINING_SHARE
 
     cpu = get_preset("cpu")
     cpu = dataclasses.replace(cpu, ict=dataclasses.replace(cpu.ict, steps=0))  # as `realm pipeline` runs it
@@ -151,7 +153,7 @@ def test_the_plan_trains_first_and_samples_what_measures_it():
         assert least == (name == "GPU"), name  # six minutes: the start, tagging and the report take half
         assert MIN_EVAL_QUESTIONS <= plan.work.evaluated < work.qa_dev, name  # a sample, sized to what is left
         assert MIN_SCORED_SENTENCES <= plan.work.scored_sentences < 1000, name
-        assert plan.preset.qa.steps >= QA_MIN_STEPS, name
+        assert plan.preset.qa.steps >= qa_min_steps(cpu.qa) == 100, name
         assert f"EM over {plan.work.evaluated:,} of 1,496 dev questions" in plan.describe()
     roomy = plan_pipeline(cpu, work, 600, spent_seconds=360.0)  # measuring everything fits beside the training
     assert roomy.work.evaluated == work.qa_dev and roomy.work.scored_sentences == 1000
@@ -159,7 +161,7 @@ def test_the_plan_trains_first_and_samples_what_measures_it():
 
 
 def test_a_budget_too_small_for_a_reader_is_refused_with_the_minutes_this_machine_needs():
-    from realm.pipeline.plan import QA_MIN_STEPS, BudgetTooSmall
+    from realm.pipeline.plan import BudgetTooSmall
 
     cpu = get_preset("cpu")
     cpu = dataclasses.replace(cpu, ict=dataclasses.replace(cpu.ict, steps=0))  # as `realm pipeline` runs it
@@ -174,7 +176,7 @@ def test_a_budget_too_small_for_a_reader_is_refused_with_the_minutes_this_machin
         assert str(refused.value).startswith(f"a budget of {budget} min is too small here: ")
     needed = {int(re.search(r"pass --budget-minutes (\d+) or more", line).group(1)) for line in said}
     assert len(needed) == 1 and needed.pop() == (minutes := 45)  # the same need, whatever budget was tried
-    assert plan_pipeline(avx2, work, minutes, spent_seconds=spent).preset.qa.steps >= QA_MIN_STEPS  # enough
+    assert plan_pipeline(avx2, work, minutes, spent_seconds=spent).preset.qa.steps >= qa_min_steps(cpu.qa)  # enough
     with pytest.raises(BudgetTooSmall):
         plan_pipeline(avx2, work, minutes - 1, spent_seconds=spent)  # and no fewer
     assert plan_pipeline(avx2, Workload(blocks=20_307), 40, spent_seconds=spent)  # no QA: no reader to refuse for

@@ -10,7 +10,7 @@ sized to what is left, as seeded samples whose interval the report gives (`Workl
 `Workload.scored_sentences`). The training steps of ICT, REALM pretraining and QA fine-tuning are all cut (or
 stretched) by the same factor, so the relative lengths of the stages stay those of the preset; schedules that count
 steps (warmup, the retriever freeze, the refresh interval, checkpoints) scale with them. A budget that leaves QA
-fine-tuning fewer than QA_MIN_STEPS is refused before training, naming the budget this machine needs. Each training
+fine-tuning fewer than `qa_min_steps` is refused before training, naming the budget this machine needs. Each training
 stage takes its factor as it begins, at the pace the run has kept (`paced_scale`): training steps and the rest are
 paced apart, each within PACE_BOUND.
 """
@@ -28,30 +28,41 @@ import torch
 
 from realm.common.device import default_device, describe_machine
 from realm.common.io import write_json_atomic
-from realm.config import Preset, PretrainConfig, StageCosts
+from realm.config import Preset, PretrainConfig, QAConfig, StageCosts
 from realm.data.sources import VITAL_ARTICLES
 from realm.pipeline.ablations import ablation_variants
 from realm.pipeline.work import EXAMPLE_POOL
 from realm.recipes.warmup import OWN_BLOCK_READINGS
 
 MIN_TRAINING_STEPS = 2
-# MiniLM's fresh masked-LM head at the cpu preset's batch and lr starts to copy after 600-800 own-block warm-up steps;
-# retrieval gained on held-out sentences after about 1,000 (docs/log, the twelfth part)
-READER_WARMUP_STEPS = 1000
+# MiniLM's fresh masked-LM head at the cpu preset's batch (8) and lr starts to copy after 600-800 own-block warm-up
+# steps; retrieval gained on held-out sentences after about 1,000 (docs/log, the twelfth part): counted in sentences,
+# so that a preset of larger batches (gpu) is held to as many sentences in fewer steps
+READER_WARMUP_SENTENCES = 1000 * 8
 BUDGET_SLACK = 1.1  # a plan may overrun its budget by this factor when the step counts hit their minimum
 # Training first: at least this share of the budget goes to training steps; evaluation and held-out scoring are
 # sampled to fit what is left (down to their minimum samples)
 TRAINING_SHARE = 0.6
-# Fewer QA steps than this and the reader has not learned to read: SQuAD-open dev hybrid EM 2.3-2.5 after 15-16
-# steps, 46.3 after 487, 50.9 after 823 (docs/log: seventeenth part, issue 29's 50-minute run, issue 57).
-# Not measured in between: a round number well above the failures. A preset whose whole QA fine-tuning is shorter
-# (a training file of a few hundred questions) is not held to it.
-QA_MIN_STEPS = 100
+# Fewer QA steps of 8 questions than 100 and the reader has not learned to read: SQuAD-open dev hybrid EM 2.3-2.5 after
+# 15-16 steps, 46.3 after 487, 50.9 after 823 (docs/log: seventeenth part, issue 29's 50-minute run, issue 57). Not
+# measured in between: a round number well above the failures. Counted in questions, for any batch. A preset whose
+# whole QA fine-tuning is shorter (a training file of a few hundred questions) is not held to it.
+QA_MIN_QUESTIONS = 100 * 8
 SCORED_SENTENCES = 1000  # held-out sentences scored when the budget affords them all
 MIN_EVAL_QUESTIONS = 300  # the smallest dev sample: EM +-5.6 points at 50%
 MIN_SCORED_SENTENCES = 300
 PACE_BOUND = 1.5  # the run's pace corrects an estimate by at most this factor either way
 HELD_OUT_RETRIEVERS = 2  # recall on the held-out training questions: the off-the-shelf and REALM retrievers
+
+
+def reader_warmup_steps(cfg: PretrainConfig) -> int:
+    """The own-block warm-up steps after which retrieval helped (READER_WARMUP_SENTENCES), at this batch size."""
+    return math.ceil(READER_WARMUP_SENTENCES / cfg.batch_size)
+
+
+def qa_min_steps(cfg: QAConfig) -> int:
+    """The fewest QA steps worth running (QA_MIN_QUESTIONS), at this batch size."""
+    return math.ceil(QA_MIN_QUESTIONS / cfg.batch_size)
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,7 @@ class PipelinePlan:
     stages: tuple[StageEstimate, ...]
     work: Workload  # with the evaluation and the held-out scoring sized
     spent_seconds: float = 0.0  # before planning: corpus, warm start, off-the-shelf index, calibration
-    # the estimate of a plan whose own-block reader warm-up reaches READER_WARMUP_STEPS, where this one's stops short
+    # the estimate of a plan whose own-block reader warm-up reaches `reader_warmup_steps`, where this one's stops short
     reading_minutes: float | None = None
 
     @property
@@ -132,7 +143,7 @@ class PipelinePlan:
             measured += f"EM over {w.evaluated:,} of {w.qa_dev:,} dev questions and "
         measured += f"{w.scored_sentences:,} held-out sentences scored"
         short = (
-            f"; REALM's reader warm-up gets {p.pretrain.null_warmup_steps:,} of the {READER_WARMUP_STEPS:,} steps after "
+            f"; REALM's reader warm-up gets {p.pretrain.null_warmup_steps:,} of the {reader_warmup_steps(p.pretrain):,} steps after "
             f"which retrieval helped in docs/log (twelfth part): a budget of about "
             f"{math.ceil(self.reading_minutes)} min gives it them"
             if self.reading_minutes is not None
@@ -281,7 +292,7 @@ def plan_pipeline(
     `spent_seconds` are gone, training first (`measurement_sized`). `scale` and `sized`: what an earlier plan of
     this run chose, kept so its finished stages stay valid. Raises BudgetTooSmall, naming the budget this machine
     needs, where the budget cannot buy a run worth having: the fixed costs alone overrun it, the least steps do, or
-    QA fine-tuning would get fewer than QA_MIN_STEPS."""
+    QA fine-tuning would get fewer than `qa_min_steps`."""
     if budget_minutes is None:
         return PipelinePlan(None, 1.0, preset, tuple(estimate(preset, work)), work, spent_seconds)
     if scale is None:
@@ -325,13 +336,14 @@ def _too_few_qa_steps(plan: PipelinePlan) -> str | None:
     work = plan.work
     qa = plan.preset.qa
     # a preset whose whole QA fine-tuning is shorter (a few dozen questions: a smoke test) is not judged by it
-    if not work.qa_train or dataclasses.replace(qa, steps=None).total_steps(work.qa_train) < QA_MIN_STEPS:
+    least = qa_min_steps(qa)
+    if not work.qa_train or dataclasses.replace(qa, steps=None).total_steps(work.qa_train) < least:
         return None
     steps = qa.total_steps(work.qa_train)
-    if steps >= QA_MIN_STEPS:
+    if steps >= least:
         return None
     return (
-        f"it leaves QA fine-tuning {steps} steps, fewer than the {QA_MIN_STEPS} a reader needs to learn anything "
+        f"it leaves QA fine-tuning {steps} steps, fewer than the {least} a reader needs to learn anything "
         "(SQuAD-open EM 2.3 after 16 steps, 46.3 after 487: docs/log)"
     )
 
@@ -340,7 +352,7 @@ def needed_minutes(
     preset: Preset, work: Workload, spent_seconds: float, tried: float, enough: Callable[[Preset], bool] | None = None
 ) -> int:
     """The smallest whole budget in minutes (above `tried`) whose plan fits and whose scaled preset is `enough` (by
-    default: QA fine-tuning, where it runs, gets QA_MIN_STEPS)."""
+    default: QA fine-tuning, where it runs, gets `qa_min_steps`)."""
 
     def fits(minutes: float) -> bool:
         try:
@@ -377,15 +389,15 @@ def measurement_sized(preset: Preset, work: Workload, budget_seconds: float, spe
 def _reading_minutes(
     preset: Preset, scaled: Preset, work: Workload, spent_seconds: float, budget_minutes: float
 ) -> float | None:
-    """Where `scaled` cuts an own-block reader warm-up below READER_WARMUP_STEPS: the budget whose plan keeps them
+    """Where `scaled` cuts an own-block reader warm-up below `reader_warmup_steps`: the budget whose plan keeps them
     (every trainer scaled alike, the measurement sized to it); else None."""
     warmup = preset.pretrain.null_warmup_steps
     own_block = preset.pretrain.reader_warmup in OWN_BLOCK_READINGS
-    if not own_block or not warmup or scaled.pretrain.null_warmup_steps >= READER_WARMUP_STEPS:
+    if not own_block or not warmup or scaled.pretrain.null_warmup_steps >= reader_warmup_steps(preset.pretrain):
         return None
 
     def reads(longer: Preset) -> bool:
-        return longer.pretrain.null_warmup_steps >= READER_WARMUP_STEPS
+        return longer.pretrain.null_warmup_steps >= reader_warmup_steps(longer.pretrain)
 
     return needed_minutes(preset, work, spent_seconds, budget_minutes, reads)
 
@@ -461,7 +473,7 @@ def paced_scale(
     """The scale of the next training stage's steps, and the pace it was sized at: what fits the budget left when
     every stage left runs at the pace the finished ones kept since the plan. A machine's speed drifts (a shared
     host, a long run's heat) further than a minute's calibration can see; a stage's start and its steps are paced
-    apart, so a long start-up (a GPU's) is not read as slow steps. Never fewer than QA_MIN_STEPS for QA: a run that
+    apart, so a long start-up (a GPU's) is not read as slow steps. Never fewer than `qa_min_steps` for QA: a run that
     fell behind overruns rather than hand back a reader that cannot read. `costed`: the preset unscaled, with the
     plan's costs; `ran`: the scale each training stage begun ran with; `took`: the seconds of every finished stage,
     those before the plan too; `stepping`: the seconds each finished training stage spent in steps."""
@@ -488,8 +500,9 @@ def paced_scale(
         fits, too_long = too_long, 2 * too_long
     scale = _largest_fitting(lambda scale: needed(scale) <= left, fits, too_long)
     qa_steps = costed.qa.total_steps(work.qa_train) if work.qa_train else 0
-    if "qa" not in took and qa_steps >= QA_MIN_STEPS:
-        scale = max(scale, min(plan.scale, QA_MIN_STEPS / qa_steps))
+    least = qa_min_steps(costed.qa)
+    if "qa" not in took and qa_steps >= least:
+        scale = max(scale, min(plan.scale, least / qa_steps))
     return scale, pace
 
 

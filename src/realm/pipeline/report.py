@@ -15,7 +15,7 @@ from realm.config import PretrainConfig, read_run_config
 from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations, start_retriever
 from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import ReportDocument
-from realm.pipeline.plan import READER_WARMUP_STEPS, PipelinePlan
+from realm.pipeline.plan import PipelinePlan, reader_warmup_steps
 from realm.recipes.warmup import OWN_BLOCK_READINGS
 from realm.training import read_metrics
 
@@ -69,9 +69,9 @@ def pretraining_setting(cfg: PretrainConfig, reading_minutes: float | None = Non
         if cfg.reader_warmup == "null"
         else f"the null document and a block ({cfg.reader_warmup} warm-up{window})"
     )
-    if cfg.reader_warmup in OWN_BLOCK_READINGS and cfg.null_warmup_steps < READER_WARMUP_STEPS:
+    if cfg.reader_warmup in OWN_BLOCK_READINGS and cfg.null_warmup_steps < (needed := reader_warmup_steps(cfg)):
         needs = f": a budget of about {math.ceil(reading_minutes)} min gives it them" if reading_minutes else ""
-        warmup += f" (fewer than the {READER_WARMUP_STEPS:,} the held-out gain needed in docs/log, twelfth part{needs})"
+        warmup += f" (fewer than the {needed:,} the held-out gain needed in docs/log, twelfth part{needs})"
     return (
         f"{cfg.steps} steps, batch {cfg.batch_size}, lr {cfg.lr:g}, {cfg.num_candidates} candidates incl. null, "
         f"{cfg.masking} masking, "
