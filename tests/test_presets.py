@@ -18,11 +18,11 @@ def test_the_gpu_preset_is_the_cpu_recipe_with_larger_batches():
     for name in ("pretrain", "ict", "qa"):
         a, b = getattr(cpu, name), getattr(gpu, name)
         assert b.batch_size > a.batch_size
-        assert b.lr == pytest.approx(a.lr * math.sqrt(b.batch_size / a.batch_size))  # Adam's square-root rule
+        assert b.lr == pytest.approx(a.lr * math.sqrt(b.batch_size / a.batch_size), rel=0.01)  # Adam's square-root rule
     p, q = cpu.pretrain, gpu.pretrain
     assert q.steps * q.batch_size == p.steps * p.batch_size  # the same sentences, in fewer steps
     assert q.null_warmup_steps * q.batch_size == p.null_warmup_steps * p.batch_size
-    assert q.retriever_lr == pytest.approx(p.retriever_lr * 2) and q.num_candidates == 8
+    assert q.retriever_lr == pytest.approx(p.retriever_lr * 2, rel=0.01) and q.num_candidates == 8
     assert (q.masking, q.reader_warmup, q.reader_loss, q.doc_tower) == (
         p.masking,
         p.reader_warmup,

@@ -332,20 +332,23 @@ def _gpu_sized(cpu: Preset, scale: int = 4) -> Preset:
     rule, Malladi et al. 2022), and REALM reads the paper's 8 candidates. QA doubles its batch only: its warm-up is
     ORQA's at least 100 steps, which a shorter run would spend mostly warming up. Not yet measured against the cpu
     recipe on a GPU (issue 61's check does)."""
-    root = math.sqrt(scale)
+
+    def root(lr: float, factor: float = scale) -> float:  # lr x sqrt(factor), to 3 significant digits
+        return float(f"{lr * math.sqrt(factor):.3g}")
+
     pretrain, qa = cpu.pretrain, cpu.qa
     return dataclasses.replace(
         cpu,
         name="gpu",
         embed=dataclasses.replace(cpu.embed, batch_size=cpu.embed.batch_size * 8),
-        ict=dataclasses.replace(cpu.ict, batch_size=cpu.ict.batch_size * scale, lr=cpu.ict.lr * root),
+        ict=dataclasses.replace(cpu.ict, batch_size=cpu.ict.batch_size * scale, lr=root(cpu.ict.lr)),
         pretrain=dataclasses.replace(
             pretrain,
             steps=pretrain.steps // scale,
             batch_size=pretrain.batch_size * scale,
             num_candidates=8,
-            lr=pretrain.lr * root,
-            retriever_lr=pretrain.retriever_lr * root if pretrain.retriever_lr else None,
+            lr=root(pretrain.lr),
+            retriever_lr=root(pretrain.retriever_lr) if pretrain.retriever_lr else None,
             warmup_steps=max(1, pretrain.warmup_steps // scale),
             null_warmup_steps=pretrain.null_warmup_steps // scale,
             refresh_every=max(1, pretrain.refresh_every // scale),
@@ -354,8 +357,8 @@ def _gpu_sized(cpu: Preset, scale: int = 4) -> Preset:
         qa=dataclasses.replace(
             qa,
             batch_size=qa.batch_size * 2,
-            lr=qa.lr * math.sqrt(2),
-            retriever_lr=qa.retriever_lr * math.sqrt(2) if qa.retriever_lr else None,
+            lr=root(qa.lr, 2),
+            retriever_lr=root(qa.retriever_lr, 2) if qa.retriever_lr else None,
         ),
         pipeline_budget_minutes=None,  # the whole recipe: minutes on a GPU
     )
