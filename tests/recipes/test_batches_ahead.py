@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_QA_PRESET
+from conftest import TINY_CORPUS, TINY_QA_PRESET
 from recipes.test_pretrain import TINY_PRESET
 
 from realm.data.qa_examples import AnswerBlocks, QAExample, has_answer
@@ -57,7 +57,10 @@ def _check_ahead(make, count: int = 7) -> None:
 def test_ict_batches_ahead_are_the_batches_in_the_step(tiny_corpus, tokenizer):
     usable = np.array([i for i, body in enumerate(tiny_corpus.column("body")) if len(sentence_spans(body)) >= 2])
     preset = dataclasses.replace(TINY_PRESET, ict=dataclasses.replace(TINY_PRESET.ict, batch_size=3))
-    _check_ahead(lambda position: ict_batches(tiny_corpus, usable, position, preset, tokenizer, ONE_PROCESS))
+    titles, bodies = tiny_corpus.slice(0, len(tiny_corpus))
+    _check_ahead(
+        lambda position: ict_batches(titles, bodies, usable, TINY_CORPUS, position, preset, tokenizer, ONE_PROCESS)
+    )
 
 
 def test_masked_queries_ahead_are_the_ones_in_the_step(tiny_corpus, tokenizer):

@@ -124,7 +124,8 @@ def make_qa_batch(
         raise ValueError(f"the index holds fewer than k={k} blocks")
     beam_answer, reader_answer = answer_labels(ids, valid, top, questions, store)  # (B, R), (B, k)
     beam_vectors = torch.from_numpy(index.stored_vectors(np.where(valid, ids, index.block_ids[0])))  # (B, R, D)
-    bodies = [[b.body for b in store.take(row.tolist())] for row in top]
+    flat = [b.body for b in store.take(top.ravel().tolist())]  # one read for the batch
+    bodies = [flat[q * top.shape[1] : (q + 1) * top.shape[1]] for q in range(len(top))]  # (B, k)
     reader, blocks = model.reader_inputs(asked, bodies, store.config.max_block_tokens)
     match = torch.zeros_like(reader.span_valid)
     for n, (example, body, spans, held) in enumerate(

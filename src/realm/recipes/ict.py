@@ -83,14 +83,13 @@ def make_ict_batch(
 
 
 def ict_batches(
-    store: BlockStore, usable: np.ndarray, start: DataPosition, preset: Preset, tokenizer: PreTrainedTokenizerBase,
-    d: Dist,
+    titles: list[str], bodies: list[str], usable: np.ndarray, corpus_config: CorpusConfig, start: DataPosition,
+    preset: Preset, tokenizer: PreTrainedTokenizerBase, d: Dist,
 ) -> Iterator[tuple[DataPosition, Batch]]:  # fmt: skip
-    """This rank's batches of the `usable` blocks from `start` on, each with the data position after it. A batch
-    depends on the data order and each example's seeded randomness alone, so it can be built ahead of the step
-    (training.Prefetched)."""
+    """This rank's batches of the `usable` blocks (of a corpus's `titles` and `bodies`) from `start` on, each with
+    the data position after it. A batch depends on the data order and each example's seeded randomness alone, so it
+    can be built ahead of the step (training.Prefetched)."""
     cfg = preset.ict
-    titles, bodies = store.slice(0, len(store))
     tokenizer = copy.deepcopy(tokenizer)  # the building thread's own
     for position, epoch, local in DataOrder(len(usable), cfg.seed).batches(start, cfg.batch_size, d):
         yield (
@@ -102,7 +101,7 @@ def ict_batches(
                 [example_rng(cfg.seed, epoch, int(i)) for i in local],
                 cfg.remove_sentence_prob,
                 preset.retriever.query_max_tokens,
-                store.config,
+                corpus_config,
             ),
         )
 
@@ -134,9 +133,8 @@ def train_ict(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     store = BlockStore(corpus)
-    usable = np.array(
-        [i for i, body in enumerate(store.column("body")) if len(sentence_spans(body)) >= 2], dtype=np.int64
-    )
+    titles, bodies = store.slice(0, len(store))
+    usable = np.array([i for i, body in enumerate(bodies) if len(sentence_spans(body)) >= 2], dtype=np.int64)
     if len(usable) < cfg.batch_size:
         raise ValueError(f"{corpus}: only {len(usable)} blocks with two or more sentences; ICT needs a batch of them")
 
@@ -150,7 +148,8 @@ def train_ict(
     step, position, _ = resume_training(out, resume, model, optimizer, scheduler, d, "ICT")
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
     metrics_log = MetricsLog(out, steps, step, d, "ICT", progress)
-    batches = Prefetched(ict_batches(store, usable, position, preset, retriever.tokenizer, d), prefetch_depth(device))
+    blocks = ict_batches(titles, bodies, usable, store.config, position, preset, retriever.tokenizer, d)
+    batches = Prefetched(blocks, prefetch_depth(device))
     with batches, metrics_log:
         while step < steps:
             waited = time.perf_counter()
