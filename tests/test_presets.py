@@ -30,7 +30,7 @@ def test_the_gpu_preset_is_the_cpu_recipe_with_larger_batches():
         p.doc_tower,
     )
     assert (gpu.qa.epochs, gpu.qa.beam, gpu.qa.top_k) == (cpu.qa.epochs, cpu.qa.beam, cpu.qa.top_k)
-    assert gpu.pipeline_budget_minutes is None  # the whole recipe unless a budget is given
+    assert gpu.pipeline_budget_minutes == cpu.pipeline_budget_minutes  # a GPU user's minutes buy GPU training
 
 
 def test_the_pipeline_takes_the_gpu_preset_where_cuda_is(monkeypatch):

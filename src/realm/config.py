@@ -104,6 +104,7 @@ class ICTConfig:
     checkpoint_every: int = 1000
     log_every: int = 10
     seed: int = 0
+    decay_from: int = 0  # the decay starts no earlier than this step (a deadline's timed steps: training.py)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,8 @@ class PretrainConfig:
     # learned_weight's b_null (models/realm.py; starts at 0, p(null) 0.5): one scalar, Adam moves it ~this much a step
     null_score_lr: float = 0.05
     warmup_steps: int = 10_000
+    # the reader's rate decays from the warm-up's end, and no earlier than this step (a deadline's timed steps)
+    decay_from: int = 0
     num_candidates: int = 8  # including the null document, which is always first
     max_masks: int = 10
     masking: Literal["salient", "random-span", "uniform"] = "salient"
@@ -168,6 +171,8 @@ class QAConfig:
     span_hidden: int = 256
     max_span_width: int = 10
     steps: int | None = None  # None: `epochs` passes over the training questions (a budget may set fewer)
+    lr_warmup: int | None = None  # None: ORQA's rule from the steps (`warmup_steps`); a deadline settles it
+    decay_from: int = 0  # the decay starts no earlier than this step (a deadline's timed steps: training.py)
     dev_limit: int | None = None  # held-out questions scored after each epoch to keep the best (None: all)
     checkpoint_every: int = 500
     log_every: int = 10
@@ -178,8 +183,8 @@ class QAConfig:
         return self.steps or self.epochs * math.ceil(num_questions / self.batch_size)
 
     def warmup_steps(self, total_steps: int) -> int:
-        """ORQA: min(10000, max(100, steps / 10))."""
-        return min(10_000, max(100, total_steps // 10))
+        """ORQA: min(10000, max(100, steps / 10)), unless `lr_warmup` names it (a deadline's run, replayed)."""
+        return self.lr_warmup if self.lr_warmup is not None else min(10_000, max(100, total_steps // 10))
 
 
 @dataclass(frozen=True)
@@ -360,7 +365,7 @@ def _gpu_sized(cpu: Preset, scale: int = 4) -> Preset:
             lr=root(qa.lr, 2),
             retriever_lr=root(qa.retriever_lr, 2) if qa.retriever_lr else None,
         ),
-        pipeline_budget_minutes=None,  # the whole recipe: minutes on a GPU
+        # the cpu preset's budget: a GPU user's 70 minutes buy 70 minutes of GPU training (pipeline/plan.py)
     )
 
 

@@ -71,31 +71,70 @@ def test_budget_scales_every_training_stage_to_fit():
         Workload(blocks=10, ablations=True)
 
 
-def test_each_training_stage_is_sized_as_it_begins_at_the_pace_the_run_has_kept():
-    from realm.pipeline.plan import PACE_BOUND, estimate, paced_scale, scale_preset
+def test_each_stage_is_allotted_what_is_left_less_the_stages_after_it_each_kind_of_step_at_its_own_pace():
+    from realm.pipeline.plan import PACE_BOUND, time_stage
 
     cpu = get_preset("cpu")
     work = Workload(blocks=16772, qa_train=9074, qa_dev=1496, qa_held_out=500)
-    plan = plan_pipeline(cpu, work, 90, spent_seconds=120.0)
+    plan = dataclasses.replace(plan_pipeline(cpu, work, 90, spent_seconds=120.0), began=0.0)
     planned = {s.name: s for s in plan.stages}
-    ict = planned["ict"]
+    ict, realm = planned["ict"], planned["realm"]
+    slack = 90 * 60 - 60 * plan.estimated_minutes  # what the plan's rounding left unspent
+    first = time_stage(plan, cpu, "ict", {"calibration": 120.0}, {}, {}, now=120.0)
+    assert first.allotted == pytest.approx(ict.seconds + slack, abs=1.0)  # the first: what the plan gave it
+    assert first.scale == pytest.approx(plan.scale, rel=0.01) and first.deadline["at"] == 120.0 + first.allotted
+    # ICT's steps ran 1.4x slower than calibrated: REALM is paced by its own steps, and takes the overrun
     ict_steps = ict.steps * ict.step_seconds
-    assert paced_scale(plan, cpu, {}, {"calibration": 120.0}, {})[0] == plan.scale  # the first: as planned
-    on_time = {"calibration": 120.0, "ict": ict.seconds}
-    scale, pace = paced_scale(plan, cpu, {"ict": plan.scale}, on_time, {"ict": ict_steps})
-    assert scale == pytest.approx(plan.scale, rel=1e-3) and pace.steps == pytest.approx(1.0)
-    # the machine steps 1.4x slower than calibrated: every step left is costed so, and what fits is what is left
-    slow = {"calibration": 120.0, "ict": ict.fixed_seconds + 1.4 * ict_steps}
-    scale, pace = paced_scale(plan, cpu, {"ict": plan.scale}, slow, {"ict": 1.4 * ict_steps})
-    assert scale < plan.scale and pace.steps == pytest.approx(1.4) and pace.other == 1.0
-    rest = [s for s in estimate(scale_preset(cpu, scale, work.qa_train), plan.work) if s.name != "ict"]
-    needed = sum(1.4 * s.steps * s.step_seconds + s.fixed_seconds for s in rest) + cpu.costs.fixed_seconds
-    assert sum(slow.values()) + needed == pytest.approx(90 * 60, rel=1e-3)  # not cut below what the budget affords
-    fast = {"calibration": 120.0, "ict": ict.fixed_seconds + 0.7 * ict_steps}
-    assert paced_scale(plan, cpu, {"ict": plan.scale}, fast, {"ict": 0.7 * ict_steps})[0] > plan.scale
-    # a stage ten times slower (a shared machine for a minute, a cut and resume) moves the pace by PACE_BOUND at most
+    took = {"calibration": 120.0, "ict": ict.fixed_seconds + 1.4 * ict_steps}
+    now = sum(took.values())
+    timing = time_stage(plan, cpu, "realm", took, {"ict": ict}, {"ict": 1.4 * ict_steps}, now)
+    assert timing.pace.steps == {"ict": pytest.approx(1.4)} and timing.pace.of("realm") == 1.0
+    after = [s for s in plan.stages if s.name not in ("ict", "realm")]
+    rest = sum(s.seconds for s in after) + cpu.costs.fixed_seconds
+    assert timing.allotted == pytest.approx(90 * 60 - now - rest)
+    assert timing.allotted == pytest.approx(realm.seconds + slack - 0.4 * ict_steps, abs=1.0)
+    assert timing.scale < plan.scale and timing.deadline["at"] == pytest.approx(now + timing.allotted)
+    assert timing.deadline["step_seconds"] == cpu.costs.query_tower_pretrain_step  # a retrieval step, sized
+    sized = scale_preset(cpu, timing.scale, work.qa_train).pretrain
+    assert timing.deadline["reserved_steps"] == sized.steps - sized.null_warmup_steps
+    # REALM as the plan estimated it, then QA: what is left less the evaluation, the examples and the end
+    took["realm"], ran, stepping = realm.seconds, {"ict": ict, "realm": realm}, {"ict": 1.4 * ict_steps}
+    stepping["realm"] = realm.steps * realm.step_seconds
+    now += realm.seconds
+    timing = time_stage(plan, cpu, "qa", took, ran, stepping, now)
+    assert timing.pace.steps == {"ict": pytest.approx(1.4), "realm": 1.0} and timing.pace.other == 1.0
+    before_qa = sum(planned[name].seconds for name in ("qa", "qa_start", "ict_index", "realm_index"))
+    assert timing.allotted == pytest.approx(before_qa + slack - 0.4 * ict_steps, abs=1.0)
+    scoring = timing.deadline["scoring_seconds"]
+    assert scoring == pytest.approx(500 * cpu.costs.qa_question) and timing.deadline["epoch_steps"] == 1135
+    assert timing.deadline["at"] < now + timing.allotted - scoring  # the last scoring and recalls after the steps
+    assert timing.deadline["least_steps"] == qa_min_steps(cpu.qa)
+    # a stage ten times slower (a shared machine for a minute, a cut and resume) moves its pace by PACE_BOUND at most
     stalled = {"calibration": 120.0, "ict": ict.fixed_seconds + 10 * ict_steps}
-    assert paced_scale(plan, cpu, {"ict": plan.scale}, stalled, {"ict": 10 * ict_steps})[1].steps == PACE_BOUND
+    timing = time_stage(plan, cpu, "realm", stalled, {"ict": ict}, {"ict": 10 * ict_steps}, sum(stalled.values()))
+    assert timing.pace.steps["ict"] == PACE_BOUND
+
+
+def test_the_evaluation_and_the_examples_score_the_sample_that_fits_what_is_left():
+    from realm.pipeline.plan import MIN_EVAL_QUESTIONS, MIN_SCORED_SENTENCES, SCORED_SENTENCES, time_stage
+
+    cpu = get_preset("cpu")
+    work = Workload(blocks=16772, qa_train=9074, qa_dev=1496, qa_held_out=500, held_out_sentences=2_000)
+    plan = dataclasses.replace(plan_pipeline(cpu, work, 90, spent_seconds=120.0), began=0.0)
+    before_eval = [s.name for s in plan.stages][: [s.name for s in plan.stages].index("eval")]
+    on_time = {name: e.seconds for name, e in ((s.name, s) for s in plan.stages) if name in before_eval}
+    on_time["calibration"] = 120.0
+    timing = time_stage(plan, cpu, "eval", on_time, {}, {}, now=sum(on_time.values()))
+    assert timing.sample == pytest.approx(plan.work.evaluated, abs=5)  # on time: the plan's sample
+    late = time_stage(plan, cpu, "eval", on_time, {}, {}, now=sum(on_time.values()) + 600)
+    assert late.sample == MIN_EVAL_QUESTIONS  # ten minutes late: the least the plan states
+    early = time_stage(plan, cpu, "eval", on_time, {}, {}, now=sum(on_time.values()) - 1200)
+    assert early.sample == 1496  # twenty minutes early: all of them
+    on_time["eval"] = next(s.seconds for s in plan.stages if s.name == "eval")
+    examples = time_stage(plan, cpu, "examples", on_time, {}, {}, now=90 * 60 - 60 - 700 * cpu.costs.scored_sentence)
+    assert examples.sample == 700 - EXAMPLE_POOL
+    assert time_stage(plan, cpu, "examples", on_time, {}, {}, now=90 * 60).sample == MIN_SCORED_SENTENCES
+    assert time_stage(plan, cpu, "examples", on_time, {}, {}, now=0.0).sample == SCORED_SENTENCES
 
 
 # A GPU-like machine (issue 61's H200 at the cpu preset's shapes): 60-90 ms pretraining steps, 0.24 s QA steps
@@ -118,19 +157,21 @@ GPU_LIKE = StageCosts(
 def test_a_long_start_is_not_read_as_slow_steps():
     """The GPU run of issue 57: REALM's start (process, models, builder, first index) took longer than estimated
     while its steps kept their pace; pacing the whole stage as one cut QA to x0.00-x0.11 with 40% of the budget
-    left. Starts and steps are paced apart, so QA keeps its steps."""
-    from realm.pipeline.plan import paced_scale
+    left. Starts and steps are paced apart, and each kind of step by its own, so QA keeps its steps."""
+    from realm.pipeline.plan import time_stage
 
     gpu_like = dataclasses.replace(get_preset("cpu"), costs=GPU_LIKE)
     work = Workload(blocks=20_307, qa_train=8_574, qa_dev=1_496, qa_held_out=500)
     spent = 90.0
-    plan = plan_pipeline(gpu_like, work, 6, spent_seconds=spent)
+    plan = dataclasses.replace(plan_pipeline(gpu_like, work, 6, spent_seconds=spent), began=0.0)
     realm = {s.name: s for s in plan.stages}["realm"]
     realm_steps = realm.steps * realm.step_seconds
     took = {"calibration": spent, "realm": realm.fixed_seconds + 30.0 + realm_steps}  # a start 30 s longer
-    scale, pace = paced_scale(plan, gpu_like, {"realm": plan.scale}, took, {"realm": realm_steps})
-    assert pace.steps == pytest.approx(1.0) and pace.other > 1
-    assert scale_preset(gpu_like, scale, work.qa_train).qa.steps >= 0.8 * plan.preset.qa.steps
+    took |= {s.name: s.seconds for s in plan.stages if s.name in ("realm_index", "qa_start")}
+    timing = time_stage(plan, gpu_like, "qa", took, {"realm": realm}, {"realm": realm_steps}, sum(took.values()))
+    assert timing.pace.steps == {"realm": pytest.approx(1.0)} and timing.pace.other > 1
+    assert timing.scale is not None
+    assert scale_preset(gpu_like, timing.scale, work.qa_train).qa.steps >= 0.8 * plan.preset.qa.steps
 
 
 def test_the_plan_trains_first_and_samples_what_measures_it():
@@ -595,7 +636,9 @@ def test_a_budget_is_planned_from_costs_measured_here_and_a_rerun_keeps_its_plan
     assert "[pipeline] calibration: up to date" in " ".join(said)
     replanned = json.loads((options.run_dir / "plan.json").read_text())
     assert replanned["scale"] == plan.scale
-    assert replanned["stage_scales"] == {"ict": plan.scale}  # the first training stage begins as planned
+    assert list(replanned["stage_timings"]) == ["ict"]  # the first training stage, timed as it began
+    assert replanned["stage_timings"]["ict"]["scale"] == pytest.approx(plan.scale, rel=0.2)  # about as planned
+    assert replanned["began"] == plan.began and replanned["ends_at"] == plan.began + 5 * 60  # the run's deadline
     assert any("measured on this machine" in line and "x" in line for line in said if "plan:" in line)
 
 
@@ -632,25 +675,29 @@ def test_a_setting_a_stage_reads_reruns_that_stage(tiny_run):
 
 
 def test_every_ablated_run_trains_as_long_as_the_run_it_is_compared_with(tiny_run, monkeypatch):
-    """The run's pace sizes the main REALM and QA stages; the ablations reuse their steps. Paced on their own, the
-    later stages of a run ahead of its plan trained longer (a 2-hour run gave them 5-30% more steps), which the
-    paired comparison would have counted as the ablation's effect."""
-    import realm.pipeline.run as pipeline_run
+    """The main REALM and QA stages are sized as they begin (by their deadline, in a budgeted run); the ablations
+    replay the steps those trained (their steps.json). Sized on their own, the later stages of a run ahead of its
+    plan trained longer (a 2-hour run gave them 5-30% more steps), which the paired comparison would have counted as
+    the ablation's effect."""
 
-    def paced_by_stage(plan, base, path, stage, took, stepping):  # every stage at its own pace, the main ones at x1
-        scale = 1.0 if stage in ("realm", "qa") else 2.0
-        return scale_preset(base, scale, plan.work.qa_train), scale, None
+    def sized(self, stage):  # the main stages get twice the plan's steps, as a run ahead of its plan would
+        return scale_preset(self.base_preset, 2.0 if stage in ("realm", "qa") else 1.0, self.plan.work.qa_train), None
 
-    monkeypatch.setattr(pipeline_run, "paced_preset", paced_by_stage)
+    monkeypatch.setattr(Pipeline, "sized", sized)
     Pipeline(tiny_run, TINY_PIPELINE, lambda _: None).run()
 
-    def steps(stage: str, section: str) -> int:
-        return json.loads((tiny_run.run_dir / stage / "config.json").read_text())["config"][section]["steps"]
+    def config(stage: str, section: str) -> dict:
+        return json.loads((tiny_run.run_dir / stage / "config.json").read_text())["config"][section]
 
-    assert steps("ict", "ict") == 2 * TINY_PIPELINE.ict.steps  # the pace did reach the stages it sizes
-    realm, qa = steps("realm", "pretrain"), steps("qa", "qa")
-    assert [steps(f"realm_{v}", "pretrain") for v in ("uniform", "trained", "frozen")] == [realm] * 3
-    assert [steps(f"qa_{v}", "qa") for v in ("ict", "uniform", "trained", "frozen")] == [qa] * 4
+    realm = config("realm", "pretrain")
+    assert realm["steps"] == 2 * TINY_PIPELINE.pretrain.steps
+    keys = ("steps", "null_warmup_steps", "decay_from")
+    for variant in ("uniform", "trained", "frozen"):
+        assert {k: config(f"realm_{variant}", "pretrain")[k] for k in keys} == {k: realm[k] for k in keys}
+    trained_qa = json.loads((tiny_run.run_dir / "qa" / "steps.json").read_text())["trained"]
+    for variant in ("ict", "uniform", "trained", "frozen"):
+        ablated = config(f"qa_{variant}", "qa")
+        assert (ablated["steps"], ablated["lr_warmup"], ablated["decay_from"]) == tuple(trained_qa.values())
 
 
 def test_the_report_names_the_reader_warmup_and_loss_of_pretraining():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,14 @@ class PipelinePlan:
     spent_seconds: float = 0.0  # before planning: corpus, warm start, off-the-shelf index, calibration
     # the estimate of a plan whose own-block reader warm-up reaches `reader_warmup_steps`, where this one's stops short
     reading_minutes: float | None = None
+    began: float | None = None  # time.time() the run began (its first stage), where it has a budget
+
+    @property
+    def ends_at(self) -> float | None:
+        """The run's deadline (time.time()): its beginning plus the budget; None without a budget."""
+        if self.began is None or self.budget_minutes is None:
+            return None
+        return self.began + 60 * self.budget_minutes
 
     @property
     def estimated_minutes(self) -> float:
@@ -161,6 +170,8 @@ class PipelinePlan:
             "the measurement fits beside them; evaluation and held-out scoring sampled to fit the rest",
             "spent_seconds": self.spent_seconds,
             "reading_minutes": self.reading_minutes,
+            "began": self.began,
+            "ends_at": self.ends_at,
             "work": dataclasses.asdict(self.work),
             "costs": dataclasses.asdict(self.preset.costs),
             "stages": [{**dataclasses.asdict(s), "seconds": s.seconds} for s in self.stages],
@@ -403,12 +414,18 @@ def _reading_minutes(
 
 
 def plan_run(
-    options: PipelineOptions, preset: Preset, work: Workload, calibration: dict | None, spent_seconds: float
+    options: PipelineOptions,
+    preset: Preset,
+    work: Workload,
+    calibration: dict | None,
+    spent_seconds: float,
+    invoked: float | None = None,
 ) -> PipelinePlan:
     """Planned once per run directory: a re-run for the same budget, preset and workload keeps the scale in
     plan.json, so stage costs measured anew cannot change step counts and so re-run finished stages. A new plan is
     costed with the `calibration`'s measured costs (pipeline/calibrate.py), else the constants of the precision this
-    machine trains in; `spent_seconds` (the stages before planning) count against the budget."""
+    machine trains in; `spent_seconds` (the stages before planning) count against the budget. The run began when
+    this invocation did (`invoked`, time.time()), or earlier where an earlier one ran the stages before the plan."""
     basis = {"budget_minutes": options.budget_minutes, "preset": preset.name, "workload": dataclasses.asdict(work)}
     path = Path(options.run_dir) / "plan.json"
     stored = json.loads(path.read_text()) if path.is_file() else {}
@@ -419,25 +436,47 @@ def plan_run(
     same = stored.get("basis") == basis
     kept, sized = (stored["scale"], Workload(**stored["work"])) if same else (None, None)
     plan = plan_pipeline(costed, work, options.budget_minutes, kept, spent_seconds, sized)
+    if options.budget_minutes is not None:  # the run's deadline: kept by a re-run, after a kill too
+        began = stored.get("began") if kept is not None else None
+        before = time.time() - spent_seconds
+        plan = dataclasses.replace(plan, began=began or min(before, invoked or before))
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()}
     record = {"basis": basis, **plan.to_dict(), "compute_dtype": str(dtype).removeprefix("torch.")}
-    record["stage_scales"] = stored.get("stage_scales", {}) if kept is not None else {}  # set as each stage begins
+    record["stage_timings"] = stored.get("stage_timings", {}) if kept is not None else {}  # set as each stage begins
     record["calibration"] = calibration["measured"] if calibration else None
     record["machine"] = (kept is not None and stored.get("machine")) or describe_machine()  # the run's first
     write_json_atomic(path, {**record, "preset": plan.preset.to_dict(), "options": settings})
     return plan
 
 
+def step_kind(stage: str) -> str | None:
+    """The kind of training step a stage takes ("ict", "realm", "qa", the ablations' too), None for a stage without
+    steps: each kind is paced by its own steps alone."""
+    if stage.endswith("_index") or stage == "qa_start":
+        return None
+    return next((kind for kind in ("ict", "realm", "qa") if stage == kind or stage.startswith(f"{kind}_")), None)
+
+
 @dataclass(frozen=True)
 class Pace:
-    """How the finished stages since the plan ran against their estimates: their training steps and the rest
-    (starts, embedding, tagging, scoring) apart, each bounded by PACE_BOUND."""
+    """How the finished stages since the plan ran against their estimates: each kind of training step by its own
+    stages (REALM's pace says nothing about a QA step), and the rest (starts, embedding, tagging, scoring)
+    together; each within PACE_BOUND. 1.0: nothing of that kind has run yet."""
 
-    steps: float = 1.0
+    steps: dict[str, float] = dataclasses.field(default_factory=dict)
     other: float = 1.0
 
+    def of(self, stage: str) -> float:
+        kind = step_kind(stage)
+        return self.steps.get(kind, 1.0) if kind else 1.0
+
+    def seconds(self, e: StageEstimate) -> float:
+        """`e` at this pace."""
+        return e.steps * e.step_seconds * self.of(e.name) + e.fixed_seconds * self.other
+
     def describe(self) -> str:
-        return f"training steps at {self.steps:.2f}x their estimate, the rest at {self.other:.2f}x"
+        steps = ", ".join(f"{kind} steps at {pace:.2f}x" for kind, pace in self.steps.items())
+        return f"{steps + ', ' if steps else ''}the rest at {self.other:.2f}x their estimates"
 
 
 MIN_PACED_SECONDS = 30.0  # estimates shorter than this are too short to pace a run by
@@ -449,80 +488,149 @@ def _bounded(observed: float, estimated: float) -> float:
     return min(PACE_BOUND, max(1 / PACE_BOUND, observed / estimated))
 
 
-def run_pace(estimates: dict[str, StageEstimate], took: dict[str, float], stepping: dict[str, float]) -> Pace:
-    """The pace of the finished stages in `estimates` (each at the scale it ran with). `took`: every finished
-    stage's seconds; `stepping`: the seconds a finished training stage spent in its steps (from its metrics)."""
-    estimated_steps = observed_steps = estimated_other = observed_other = 0.0
-    for name, e in estimates.items():
-        if name not in took:
-            continue
-        if name in stepping and e.steps:
-            estimated_steps += e.steps * e.step_seconds
-            observed_steps += stepping[name]
+def run_pace(finished: dict[str, StageEstimate], took: dict[str, float], stepping: dict[str, float]) -> Pace:
+    """The pace of the `finished` stages (each estimated at the steps it trained). `took`: their seconds;
+    `stepping`: the seconds a finished training stage spent in its steps (from its metrics)."""
+    estimated: dict[str, float] = {}
+    observed: dict[str, float] = {}
+    estimated_other = observed_other = 0.0
+    for name, e in finished.items():
+        kind = step_kind(name)
+        if kind and name in stepping and e.steps:
+            estimated[kind] = estimated.get(kind, 0.0) + e.steps * e.step_seconds
+            observed[kind] = observed.get(kind, 0.0) + stepping[name]
             estimated_other += e.fixed_seconds
             observed_other += max(0.0, took[name] - stepping[name])
         else:
             estimated_other += e.seconds
             observed_other += took[name]
-    return Pace(_bounded(observed_steps, estimated_steps), _bounded(observed_other, estimated_other))
+    steps = {kind: _bounded(observed[kind], estimated[kind]) for kind in estimated}
+    return Pace(steps, _bounded(observed_other, estimated_other))
 
 
-def paced_scale(
-    plan: PipelinePlan, costed: Preset, ran: dict[str, float], took: dict[str, float], stepping: dict[str, float]
-) -> tuple[float, Pace]:
-    """The scale of the next training stage's steps, and the pace it was sized at: what fits the budget left when
-    every stage left runs at the pace the finished ones kept since the plan. A machine's speed drifts (a shared
-    host, a long run's heat) further than a minute's calibration can see; a stage's start and its steps are paced
-    apart, so a long start-up (a GPU's) is not read as slow steps. Never fewer than `qa_min_steps` for QA: a run that
-    fell behind overruns rather than hand back a reader that cannot read. `costed`: the preset unscaled, with the
-    plan's costs; `ran`: the scale each training stage begun ran with; `took`: the seconds of every finished stage,
-    those before the plan too; `stepping`: the seconds each finished training stage spent in steps."""
-    assert plan.budget_minutes is not None
-    work = plan.work
+def trained_preset(preset: Preset, stage: str, trained: dict[str, int]) -> Preset:
+    """`preset` with the step counts a trainer of `stage`'s kind trained (its steps.json): as fixed steps they
+    replay its schedule (the ablations train exactly as long as the stage they are compared with)."""
+    kind, steps, decay_from = step_kind(stage), trained["steps"], trained["decay_from"]
+    if kind == "realm":
+        warmup = trained["null_warmup_steps"]
+        pretrain = dataclasses.replace(preset.pretrain, steps=steps, null_warmup_steps=warmup, decay_from=decay_from)
+        return dataclasses.replace(preset, pretrain=pretrain)
+    if kind == "qa":
+        qa = dataclasses.replace(preset.qa, steps=steps, lr_warmup=trained["lr_warmup"], decay_from=decay_from)
+        return dataclasses.replace(preset, qa=qa)
+    if kind == "ict":
+        return dataclasses.replace(preset, ict=dataclasses.replace(preset.ict, steps=steps, decay_from=decay_from))
+    raise ValueError(f"{stage!r} is not a training stage")
 
-    def seconds(scale: float) -> dict[str, StageEstimate]:
+
+@dataclass(frozen=True)
+class StageTiming:
+    """A stage after the plan, sized as it begins: what is left of the budget, less the stages after it at the
+    run's pace, is its allotment. A training stage gets the steps (`scale`) that fit it and a `Deadline` for its
+    steps (training.py: its trainer ends by it); an evaluation the sample (`sample`) that fits it."""
+
+    stage: str
+    began: float  # time.time()
+    allotted: float  # seconds
+    pace: Pace
+    scale: float | None = None  # training: the steps of the preset's recipe it was sized at
+    deadline: dict | None = None  # training: training.Deadline's fields (no clock)
+    sample: int | None = None  # eval: dev questions answered; examples: held-out sentences scored
+
+    @property
+    def ends_at(self) -> float:
+        return self.began + self.allotted
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StageTiming:
+        return cls(**{**data, "pace": Pace(**data["pace"])})
+
+    def describe(self) -> str:
+        ends = time.strftime("%H:%M:%S", time.localtime(self.ends_at))
+        what = f"{self.allotted / 60:.1f} min allotted (to {ends})"
+        if self.deadline is not None:
+            steps_end = time.strftime("%H:%M:%S", time.localtime(self.deadline["at"]))
+            what += f", steps x{self.scale:.3f} of the recipe's to begin with, ending by {steps_end}"
+        if self.sample is not None:
+            what += f", a sample of {self.sample:,}"
+        return f"{what}; {self.pace.describe()}"
+
+
+def time_stage(
+    plan: PipelinePlan,
+    costed: Preset,
+    stage: str,
+    took: dict[str, float],
+    ran: dict[str, StageEstimate],
+    stepping: dict[str, float],
+    now: float,
+) -> StageTiming:
+    """The timing of `stage`, about to begin at `now`: its allotment is the run's deadline less `now` and the
+    estimates of the stages after it at the run's pace (each kind of step at its own; the report and process end
+    too). `costed`: the preset unscaled, with the plan's costs; `took`: the seconds of every finished stage;
+    `ran`: each finished training stage estimated at the steps it trained; `stepping`: the seconds each finished
+    training stage spent in steps. A stage already late gets its least (QA: `qa_min_steps`, the measurements their
+    least samples): a run that fell behind overruns rather than hand back a reader that cannot read."""
+    assert plan.ends_at is not None
+    work, c = plan.work, costed.costs
+
+    def stages_at(scale: float) -> dict[str, StageEstimate]:
         return {s.name: s for s in estimate(scale_preset(costed, scale, work.qa_train), work)}
 
-    at_plan = seconds(plan.scale)
-    finished = {name: seconds(ran[name])[name] if name in ran else e for name, e in at_plan.items() if name in took}
-    if not finished:
-        return plan.scale, Pace()
+    at_plan = stages_at(plan.scale)
+    finished = {name: ran.get(name, e) for name, e in at_plan.items() if name in took}
     pace = run_pace(finished, took, stepping)
-    left = plan.budget_minutes * 60 - sum(took.values())
-
-    def needed(scale: float) -> float:
-        rest = [e for name, e in seconds(scale).items() if name not in took]
-        steps = sum(e.steps * e.step_seconds for e in rest)
-        return pace.steps * steps + pace.other * (sum(e.fixed_seconds for e in rest) + costed.costs.fixed_seconds)
-
-    fits, too_long = 0.0, max(plan.scale, 1e-3)
-    while needed(too_long) <= left and too_long < 1e3:
-        fits, too_long = too_long, 2 * too_long
-    scale = _largest_fitting(lambda scale: needed(scale) <= left, fits, too_long)
+    names = list(at_plan)
+    after = names[names.index(stage) + 1 :] if stage in at_plan else []
+    rest = sum(pace.seconds(at_plan[name]) for name in after if name not in took) + c.fixed_seconds * pace.other
+    allotted = plan.ends_at - now - rest
+    timing = StageTiming(stage, now, allotted, pace)
+    if stage == "eval":
+        zero_shot = at_plan["eval"].fixed_seconds - work.evaluated * c.qa_systems_question
+        fits = (allotted / pace.other - zero_shot) / c.qa_systems_question
+        least = min(work.qa_dev, MIN_EVAL_QUESTIONS)
+        return dataclasses.replace(timing, sample=int(min(work.qa_dev, max(least, fits))))
+    if stage == "examples":
+        held = work.held_out_sentences if work.held_out_sentences is not None else SCORED_SENTENCES
+        fits = allotted / pace.other / c.scored_sentence - min(EXAMPLE_POOL, held)
+        return dataclasses.replace(timing, sample=int(min(SCORED_SENTENCES, max(MIN_SCORED_SENTENCES, fits))))
+    if step_kind(stage) is None:
+        return timing
+    scale = _largest_fitting(lambda scale: pace.seconds(stages_at(scale)[stage]) <= allotted, 0.0, 1e3)
     qa_steps = costed.qa.total_steps(work.qa_train) if work.qa_train else 0
-    least = qa_min_steps(costed.qa)
-    if "qa" not in took and qa_steps >= least:
-        scale = max(scale, min(plan.scale, least / qa_steps))
-    return scale, pace
+    least = MIN_TRAINING_STEPS
+    if stage == "qa" and qa_steps >= qa_min_steps(costed.qa):
+        least = qa_min_steps(costed.qa)
+        scale = max(scale, least / qa_steps)
+    sized = scale_preset(costed, scale, work.qa_train)
+    deadline = {"at": now + allotted, "step_seconds": 0.0, "least_steps": least}
+    if stage == "qa":
+        per_epoch = math.ceil(work.qa_train / sized.qa.batch_size)
+        scoring = min(work.qa_held_out, sized.qa.dev_limit or work.qa_held_out) * c.qa_question * pace.other
+        after_steps = scoring + HELD_OUT_RETRIEVERS * work.qa_held_out * c.recall_question * pace.other
+        deadline |= {"at": now + allotted - after_steps, "epoch_steps": per_epoch, "scoring_seconds": scoring}
+        deadline["step_seconds"] = c.qa_step * pace.of(stage)
+    elif stage == "realm":
+        cfg = sized.pretrain
+        deadline["step_seconds"] = retrieval_step_seconds(cfg, c) * pace.of(stage)
+        flat = cfg.null_warmup_steps if cfg.num_candidates > 1 else 0
+        deadline["reserved_steps"] = cfg.steps - flat if flat else 0
+    else:
+        deadline["step_seconds"] = c.ict_step * pace.of(stage)
+    return dataclasses.replace(timing, scale=scale, deadline=deadline)
 
 
-def paced_preset(
-    plan: PipelinePlan, base: Preset, path: Path, stage: str, took: dict[str, float], stepping: dict[str, float]
-) -> tuple[Preset, float, Pace | None]:
-    """The plan's preset (`base` scaled) with the steps of the training stage `stage`, about to begin, sized at the
-    run's pace, that scale and the pace (None: sized before, kept in plan.json (`path`): a re-run trains the same
-    steps)."""
-    if plan.budget_minutes is None:
-        return plan.preset, plan.scale, None
-    costed = dataclasses.replace(base, costs=plan.preset.costs)
-    stored = json.loads(path.read_text())
-    scales = stored["stage_scales"]
-    pace = None
-    if stage not in scales:
-        scales[stage], pace = paced_scale(plan, costed, scales, took, stepping)
-        stored.setdefault("stage_paces", {})[stage] = dataclasses.asdict(pace)
-        write_json_atomic(path, stored)
-    return scale_preset(costed, scales[stage], plan.work.qa_train), scales[stage], pace
+def retrieval_step_seconds(cfg: PretrainConfig, costs: StageCosts) -> float:
+    """The estimate of a REALM step after the reader warm-up (the steps whose rate decays)."""
+    if cfg.num_candidates <= 1:
+        return costs.null_pretrain_step
+    if cfg.doc_tower == "fixed":
+        return costs.query_tower_pretrain_step
+    return costs.pretrain_step if cfg.refresh_every else costs.frozen_pretrain_step
 
 
 def _costed(preset: Preset) -> str:

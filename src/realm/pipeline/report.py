@@ -6,16 +6,18 @@ the only constants are the paper's published numbers, shown beside ours and labe
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
 
 from realm.common.io import write_atomic
-from realm.config import PretrainConfig, read_run_config
+from realm.config import PretrainConfig, StageCosts, read_run_config
 from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations, start_retriever
 from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import ReportDocument
-from realm.pipeline.plan import PipelinePlan, reader_warmup_steps
+from realm.pipeline.plan import PipelinePlan, reader_warmup_steps, retrieval_step_seconds, step_kind
+from realm.pipeline.stages import step_seconds
 from realm.recipes.warmup import OWN_BLOCK_READINGS
 from realm.training import read_metrics
 
@@ -96,7 +98,61 @@ def _sentence_usage(usage: dict | None) -> str | None:
     return f"{share}, every mask drawn by {usage['masking']} masking"
 
 
-def _stages(doc: ReportDocument, records: dict, plan: PipelinePlan) -> None:
+BUDGET_BAND = (0.90, 1.05)  # a run ends within these shares of its budget, or its report says it did not
+
+
+def budget_line(plan: PipelinePlan, ended: float, complete: bool) -> tuple[str, str | None]:
+    """The report's first words: how long the run took against its budget, and a warning where a finished run
+    ended outside BUDGET_BAND of it (None: inside, or no budget)."""
+    if plan.budget_minutes is None or plan.began is None:
+        return f"No budget: the preset's step counts ({plan.estimated_minutes:.0f} min estimated).", None
+    took, budget = (ended - plan.began) / 60, plan.budget_minutes
+    if not complete:
+        ends = time.strftime("%H:%M", time.localtime(plan.began + 60 * budget))
+        return f"**{took:.1f} min of a {budget:g}-minute budget so far** (the run ends by {ends}).", None
+    share = took / budget
+    line = f"**Took {took:.1f} min of a {budget:g}-minute budget ({share:.2f} of it).**"
+    low, high = BUDGET_BAND
+    if low <= share <= high:
+        return line, None
+    side = "over" if share > high else "under"
+    return line, (
+        f"**Warning:** the run ended {side} its budget, outside {low:.2f}-{high:.2f} of it; the Stages table shows "
+        "which stage took more or less than it was allotted."
+    )
+
+
+def _phase_rows(name: str, steps: dict | None, rows: list[dict], costs: StageCosts, cfg: PretrainConfig) -> list:
+    """A training stage's phases: steps planned and trained, seconds a step estimated and measured (REALM: its
+    reader warm-up and its retrieval steps apart)."""
+    if steps is None:
+        return []
+    planned, trained = steps["planned"], steps["trained"]
+
+    def row(phase: str, planned_steps: int, trained_steps: int, estimate: float, first: int, last: int) -> list:
+        measured = step_seconds(rows, first, last)
+        per_step = f"{estimate:.2f} / {measured:.2f}" if measured is not None else f"{estimate:.2f} / -"
+        return [f"{name}: {phase}", None, None, None, f"{planned_steps:,} / {trained_steps:,}", per_step]
+
+    kind = step_kind(name)
+    if kind == "realm" and trained["null_warmup_steps"]:
+        warm, total = trained["null_warmup_steps"], trained["steps"]
+        return [
+            row("reader warm-up", planned["null_warmup_steps"], warm, costs.null_pretrain_step, 0, warm),
+            row(
+                "retrieval steps",
+                planned["steps"] - planned["null_warmup_steps"],
+                total - warm,
+                retrieval_step_seconds(cfg, costs),
+                warm,
+                total,
+            ),
+        ]
+    estimate = {"realm": retrieval_step_seconds(cfg, costs), "qa": costs.qa_step, "ict": costs.ict_step}[kind or "qa"]
+    return [row("steps", planned["steps"], trained["steps"], estimate, 0, trained["steps"])]
+
+
+def _stages(doc: ReportDocument, records: dict, plan: PipelinePlan, run_dir: Path) -> None:
     doc.heading("Stages")
     if plan.budget_minutes:
         doc.paragraph(
@@ -104,22 +160,41 @@ def _stages(doc: ReportDocument, records: dict, plan: PipelinePlan) -> None:
             f"{plan.budget_minutes:g} budgeted minutes ({100 * plan.training_minutes / plan.budget_minutes:.0f}%; the "
             f"rule: {plan.to_dict()['training_share_rule']}). The stages before the plan (the corpus, the warm "
             "start, the off-the-shelf index, the calibration) ran before anything could be estimated: their minutes "
-            "count against the budget as they took."
+            "count against the budget as they took. Each stage after the plan was allotted, as it began, what was "
+            "left of the budget less the stages after it at the run's pace; a trainer ends its steps by its "
+            "deadline (its reader warm-up by time, the steps whose rate decays sized to the time left, then once "
+            "more from their own first steps), an evaluation scores the sample that fits. Steps: planned / "
+            "trained; seconds a step: estimated / measured."
         )
+    timings = _stage_timings(run_dir)
     estimated = {s.name: s.seconds for s in plan.stages}
-    done = [
-        [
-            name,
-            f"{estimated[name] / 60:.2f}" if name in estimated else "before the plan",
-            f"{record.seconds / 60:.2f}" + (" (resumed: after the cut)" if record.resumed else ""),
-            time.strftime("%Y-%m-%d %H:%M", time.localtime(record.finished)),
-        ]
-        for name, record in records.items()
+    table = []
+    for name, record in records.items():
+        allotted = timings.get(name, {}).get("allotted")
+        table.append(
+            [
+                name,
+                f"{estimated[name] / 60:.2f}" if name in estimated else "before the plan",
+                f"{allotted / 60:.2f}" if allotted is not None else None,
+                f"{record.seconds / 60:.2f}" + (" (resumed: after the cut)" if record.resumed else ""),
+                None,
+                None,
+            ]
+        )
+        steps = record.result.get("steps_trained") if isinstance(record.result, dict) else None
+        rows = read_metrics(run_dir / name) if steps else []
+        table += _phase_rows(name, steps, rows, plan.preset.costs, plan.preset.pretrain)
+    table += [
+        [name, f"{seconds / 60:.2f}", None, "pending", None, None]
+        for name, seconds in estimated.items()
+        if name not in records
     ]
-    pending = [
-        [name, f"{seconds / 60:.2f}", None, "pending"] for name, seconds in estimated.items() if name not in records
-    ]
-    doc.table(["stage", "estimated min", "took min", "finished"], done + pending)
+    doc.table(["stage", "estimated min", "allotted min", "took min", "steps", "s a step"], table)
+
+
+def _stage_timings(run_dir: Path) -> dict[str, dict]:
+    path = run_dir / "plan.json"
+    return json.loads(path.read_text()).get("stage_timings", {}) if path.is_file() else {}
 
 
 def _curves(doc: ReportDocument, run_dir: Path, records: dict) -> None:
@@ -410,13 +485,15 @@ def write_report(
     )
     doc = ReportDocument()
     doc.heading(f"REALM pipeline report: {run_dir.name}", 1)
+    budget, warning = budget_line(plan, time.time(), complete)
+    doc.paragraph(budget + (f" {warning}" if warning else ""))
     doc.paragraph(
         f"Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `{command}`; this invocation took "
         f"{seconds / 60:.1f} min (stages reused from earlier invocations are not counted). "
         "Every number below comes from this run's stage records, metrics logs and plan." + status
     )
     _configuration(doc, r, plan)
-    _stages(doc, records, plan)
+    _stages(doc, records, plan, run_dir)
     _curves(doc, run_dir, records)
     if "qa_start" in r:
         _qa_start(doc, r)
@@ -433,6 +510,7 @@ def write_report(
     results = ReportDocument()
     results.heading(f"Results of `realm pipeline` ({run_dir.name})", 1)
     results.paragraph(f"Command: `{command}`. Written {time.strftime('%Y-%m-%d')} from the run's own records." + status)
+    results.paragraph(budget + (f" {warning}" if warning else ""))
     _configuration(results, r, plan)
     if "qa_start" in r:
         _qa_start(results, r)

@@ -65,11 +65,16 @@ def run_row(run_dir: Path, link: str) -> tuple[str, list[str], list[object]]:
     finished = max((record["finished"] for record in stages.values()), default=None)
     minutes = sum(record["seconds"] for record in stages.values()) / 60
     budget = plan["budget_minutes"]
-    columns = ["machine", "date", "stages took", "REALM steps"]
+    if plan.get("ended") and plan.get("began") and budget:  # the whole run, against its budget
+        minutes = (plan["ended"] - plan["began"]) / 60
+        took = f"{minutes:.1f} min of a budget of {budget:g} ({minutes / budget:.2f})"
+    else:  # a run recorded before runs kept their beginning and end: its stages' minutes
+        took = f"{minutes:.1f} min" + (f" (budget {budget:g})" if budget else "")
+    columns = ["machine", "date", "took", "REALM steps"]
     row: list[object] = [
         machine_of(plan),
         time.strftime("%Y-%m-%d", time.gmtime(finished)) if finished else "unfinished",
-        f"{minutes:.1f} min" + (f" (budget {budget:g})" if budget else ""),
+        took,
         r.get("realm", {}).get("steps"),
     ]
     if "eval" in r:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from realm.common.io import write_json_atomic
 from realm.common.weights import MINILM
 from realm.config import Preset
 from realm.data.qa_examples import QAExample, load_qa
@@ -31,12 +32,24 @@ from realm.models.retriever import Retriever
 from realm.pipeline import work as stage_work
 from realm.pipeline.ablations import ablation_variants
 from realm.pipeline.calibrate import calibrate, calibration_settings
-from realm.pipeline.plan import PipelineOptions, PipelinePlan, Workload, paced_preset, plan_run
+from realm.pipeline.plan import (
+    PipelineOptions,
+    PipelinePlan,
+    StageEstimate,
+    StageTiming,
+    Workload,
+    estimate,
+    plan_run,
+    scale_preset,
+    time_stage,
+    trained_preset,
+)
 from realm.pipeline.report import write_report
 from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metrics, stepping_seconds
 from realm.recipes.finetune_qa import qa_settings
 from realm.recipes.ict import ict_settings, train_ict
 from realm.recipes.pretrain import SENTENCE_USAGE, pretrain_settings, train_pretrain
+from realm.training import Deadline, read_steps
 
 log = logging.getLogger(__name__)
 PLANNED_AFTER = ("corpus", "warm_start", "baseline_index", "calibration")  # their seconds count against the budget
@@ -103,7 +116,7 @@ class Pipeline:
             "warm_start", {"model": self.options.warm_start, "retriever": dataclasses.asdict(preset.retriever)}, work
         )
 
-    def ict(self, preset: Preset, warm: StageRecord, corpus: StageRecord) -> StageRecord:
+    def ict(self, preset: Preset, deadline: Deadline | None, warm: StageRecord, corpus: StageRecord) -> StageRecord:
 
         def work(folder: Path, resume: bool) -> dict:
             train_ict(
@@ -113,8 +126,9 @@ class Pipeline:
                 preset,
                 resume=resume,
                 progress=self.options.progress,
+                deadline=deadline,
             )
-            return last_metrics(folder)
+            return last_metrics(folder) | {"steps_trained": read_steps(folder)}
 
         return self.stages.run("ict", {"after": [corpus.fingerprint, warm.fingerprint]} | ict_settings(preset), work)
 
@@ -129,8 +143,11 @@ class Pipeline:
         settings = {"after": [r.fingerprint for r in after], "embed": dataclasses.asdict(preset.embed)}
         return self.stages.run(name, settings | {"index": dataclasses.asdict(preset.index)}, work)
 
-    def pretrain(self, name: str, preset: Preset, start: StageRecord, warm: StageRecord) -> StageRecord:
-        """REALM pretraining from `start`'s retriever (ICT's, or the warm start's), whose index it builds first."""
+    def pretrain(
+        self, name: str, preset: Preset, start: StageRecord, warm: StageRecord, deadline: Deadline | None = None
+    ) -> StageRecord:
+        """REALM pretraining from `start`'s retriever (ICT's, or the warm start's), whose index it builds first;
+        its steps end by `deadline` (None: the preset's)."""
 
         def work(folder: Path, resume: bool) -> dict:
             train_pretrain(
@@ -142,9 +159,11 @@ class Pipeline:
                 resume=resume,
                 progress=self.options.progress,
                 reuse_indexes=stage_work.run_indexes(self.run_dir),
+                deadline=deadline,
             )
             sentences = json.loads((folder / SENTENCE_USAGE).read_text())
-            return last_metrics(folder) | {"index_version": MipsIndex(folder / "index").version, "sentences": sentences}
+            index = {"index_version": MipsIndex(folder / "index").version}
+            return last_metrics(folder) | index | {"sentences": sentences, "steps_trained": read_steps(folder)}
 
         settings = {"after": [start.fingerprint, warm.fingerprint]} | pretrain_settings(preset)  # all it reads
         return self.stages.run(name, settings, work)
@@ -158,8 +177,10 @@ class Pipeline:
         after: list[StageRecord],
         reader: Path | None = None,
         evaluate: bool = False,
+        deadline: Deadline | None = None,
     ) -> StageRecord:
-        """Open-QA fine-tuning over a frozen index (and, for the ablations, dense evaluation on all dev questions)."""
+        """Open-QA fine-tuning over a frozen index, its steps ending by `deadline` (None: the preset's), and for the
+        ablations dense evaluation on the dev sample."""
 
         evaluated = self.dev_sample() if evaluate else None
 
@@ -175,6 +196,7 @@ class Pipeline:
                 resume,
                 self.options.progress,
                 evaluated,
+                deadline,
             )
 
         settings = qa_settings(preset) | {
@@ -238,7 +260,8 @@ class Pipeline:
         """The paper's Table 3 in miniature, and masked-span accuracy with and without retrieval (held out)."""
 
         assert self.plan is not None
-        sentences = self.plan.work.scored_sentences
+        timing = self.timed("examples")
+        sentences = self.plan.work.scored_sentences if timing is None or timing.sample is None else timing.sample
 
         def work(folder: Path, resume: bool) -> dict:
             corpus = self.stages.output("corpus")
@@ -250,9 +273,12 @@ class Pipeline:
         )
 
     def dev_sample(self) -> list[QAExample]:
-        """The dev questions evaluation answers: the plan's seeded sample (work.py: dev_sample)."""
+        """The dev questions evaluation answers: a seeded sample (work.py: dev_sample) of the size that fitted the
+        time left as the evaluation began (without a budget: the plan's)."""
         assert self.plan is not None
-        return stage_work.dev_sample(self.qa_dev, self.plan.work.eval_questions)
+        timing = self.timed("eval")
+        size = self.plan.work.eval_questions if timing is None or timing.sample is None else timing.sample
+        return stage_work.dev_sample(self.qa_dev, size)
 
     def ablations(
         self,
@@ -326,22 +352,54 @@ class Pipeline:
         share = (calibration or {}).get("measured", {}).get("held_out_sentences_per_block")
         if share is not None:  # held-out sentences with a salient span: the calibration sample's share of blocks
             work = dataclasses.replace(work, held_out_sentences=round(share * work.blocks))
-        return plan_run(self.options, self.base_preset, work, calibration, sum(spent))
+        return plan_run(self.options, self.base_preset, work, calibration, sum(spent), self.began)
 
-    def paced(self, stage: str) -> Preset:
-        """The plan's preset with the steps of `stage` sized as it begins (pipeline/plan.py: paced_preset)."""
+    def timed(self, stage: str) -> StageTiming | None:
+        """How `stage`, about to begin, is sized to what is left of the budget (pipeline/plan.py: time_stage),
+        kept in plan.json so a resumed stage keeps its deadline and steps; None without a budget."""
         assert self.plan is not None
+        if self.plan.budget_minutes is None:
+            return None
+        path = self.run_dir / "plan.json"
+        stored = json.loads(path.read_text())
+        if stage in stored.setdefault("stage_timings", {}):
+            return StageTiming.from_dict(stored["stage_timings"][stage])
         took = {name: r.seconds for name, r in self.stages.records.items()}
+        costed = dataclasses.replace(self.base_preset, costs=self.plan.preset.costs)
         trained = {s.name for s in self.plan.stages if s.steps} & took.keys()
         stepping = {name: seconds for name in trained if (seconds := stepping_seconds(self.run_dir / name))}
-        path = self.run_dir / "plan.json"
-        preset, scale, pace = paced_preset(self.plan, self.base_preset, path, stage, took, stepping)
-        if pace is not None and abs(scale - self.plan.scale) > 0.01 * self.plan.scale:  # scale 0: minimum steps
-            self.echo(
-                f"[pipeline] {stage}: steps x{scale:.2f} at the run's pace (planned x{self.plan.scale:.2f}; "
-                f"{pace.describe()})"
-            )
-        return preset
+        ran = {name: self.trained_estimate(name, costed) for name in trained}
+        timing = time_stage(self.plan, costed, stage, took, {k: v for k, v in ran.items() if v}, stepping, time.time())
+        stored["stage_timings"][stage] = timing.to_dict()
+        write_json_atomic(path, stored)
+        late = " (the run is behind: its least)" if timing.allotted <= 0 else ""
+        self.echo(f"[pipeline] {stage}: {timing.describe()}{late}")
+        return timing
+
+    def trained_estimate(self, stage: str, costed: Preset) -> StageEstimate | None:
+        """A finished training stage's estimate at the steps it trained (its steps.json), for the run's pace."""
+        steps = read_steps(self.run_dir / stage)
+        timing = json.loads((self.run_dir / "plan.json").read_text()).get("stage_timings", {}).get(stage)
+        if steps is None or timing is None or timing.get("scale") is None:
+            return None
+        assert self.plan is not None
+        sized = scale_preset(costed, timing["scale"], self.plan.work.qa_train)
+        ran = trained_preset(sized, stage, steps["trained"])
+        return next((e for e in estimate(ran, self.plan.work) if e.name == stage), None)
+
+    def sized(self, stage: str) -> tuple[Preset, Deadline | None]:
+        """The preset a training stage begins with, and the deadline its steps end by (None: fixed steps)."""
+        assert self.plan is not None
+        timing = self.timed(stage)
+        if timing is None or timing.scale is None or timing.deadline is None:
+            return self.plan.preset, None
+        costed = dataclasses.replace(self.base_preset, costs=self.plan.preset.costs)
+        return scale_preset(costed, timing.scale, self.plan.work.qa_train), Deadline(**timing.deadline)
+
+    def trained(self, stage: str, preset: Preset) -> Preset:
+        """`preset` with the steps `stage` trained (its steps.json), for a run compared with it."""
+        steps = read_steps(self.run_dir / stage)
+        return trained_preset(preset, stage, steps["trained"]) if steps is not None else preset
 
     def run(self) -> Path:
         corpus = self.corpus()
@@ -361,9 +419,9 @@ class Pipeline:
         self.plan = self.make_plan(work, calibration)
         preset = self.plan.preset
         self.echo(f"[pipeline] plan: {self.plan.describe()}")
-        start = self.ict(self.paced("ict"), warm, corpus) if preset.ict.steps else warm
-        realm_preset = self.paced("realm")
-        realm = self.pretrain("realm", realm_preset, start, warm)
+        start = self.ict(*self.sized("ict"), warm, corpus) if preset.ict.steps else warm
+        realm_preset, realm_deadline = self.sized("realm")
+        realm = self.pretrain("realm", realm_preset, start, warm, realm_deadline)
         if warm_index is not None:
             start_index = warm_index
             retrievers = {"off-the-shelf": (warm_index, self.stages.output("warm_start", "retriever"))}
@@ -376,12 +434,17 @@ class Pipeline:
             index_stage, retriever_folder = retrievers[chosen.result["retriever"]]
             index_folder = self.stages.output(index_stage, "index")
             reader = self.stages.output(QA_READERS[chosen.result["reader"]], "reader")
-            qa_preset = self.paced("qa")
-            qa = self.finetune("qa", retriever_folder.parent, index_folder, qa_preset, [chosen], reader=reader)
+            qa_preset, qa_deadline = self.sized("qa")
+            qa = self.finetune(
+                "qa", retriever_folder.parent, index_folder, qa_preset, [chosen], reader=reader, deadline=qa_deadline
+            )
             self.evaluate(preset, qa, retrievers, index_folder)
         self.examples(preset, realm)
         if self.options.ablations:
-            self.ablations(realm_preset, qa_preset, start, start_index, warm, corpus)
+            realm_trained, qa_trained = self.trained("realm", realm_preset), self.trained("qa", qa_preset)
+            self.ablations(realm_trained, qa_trained, start, start_index, warm, corpus)
+        path = self.run_dir / "plan.json"  # when the run ended, for the results page
+        write_json_atomic(path, json.loads(path.read_text()) | {"ended": time.time()})
         report = self.report(complete=True)
         assert report is not None  # the plan exists by now
         self.echo(f"[pipeline] report: {report} (and {report.with_suffix('.html').name})")

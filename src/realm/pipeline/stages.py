@@ -126,17 +126,24 @@ def last_metrics(folder: Path, window: int = 20) -> dict[str, float]:
 
 
 def stepping_seconds(folder: Path) -> float | None:
-    """The seconds a trainer's run spent in its steps, from the wall times of its metrics.jsonl rows: the mean
-    seconds a step between logged rows, times its steps. Left out: rows that also scored the dev questions, and gaps
-    over ten times the median (a cut and a resume). None: fewer than two rows."""
+    """The seconds a trainer's run spent in its steps: the mean seconds a step between logged rows (`step_seconds`),
+    times its steps. None: fewer than two rows."""
     rows = read_metrics(folder)
+    per_step = step_seconds(rows)
+    return per_step * rows[-1]["step"] if per_step is not None else None
+
+
+def step_seconds(rows: list[dict], first: int = 0, last: int | None = None) -> float | None:
+    """The mean seconds a step of a trainer's logged `rows` (metrics.jsonl) between steps `first` and `last`, from
+    the rows' wall times. Left out: rows that also scored the dev questions, and gaps over ten times the median (a
+    cut and a resume). None: no two rows in the range."""
     pairs = [
         (b["time"] - a["time"], b["step"] - a["step"])
         for a, b in zip(rows, rows[1:])
-        if b["step"] > a["step"] and "dev_em" not in b
+        if b["step"] > a["step"] and "dev_em" not in b and a["step"] >= first and (last is None or b["step"] <= last)
     ]
     if not pairs:
         return None
     median = sorted(seconds / steps for seconds, steps in pairs)[len(pairs) // 2]
     kept = [(seconds, steps) for seconds, steps in pairs if seconds / steps <= 10 * median]
-    return sum(seconds for seconds, _ in kept) / sum(steps for _, steps in kept) * rows[-1]["step"]
+    return sum(seconds for seconds, _ in kept) / sum(steps for _, steps in kept)

@@ -35,6 +35,7 @@ from realm.models.retriever import Retriever
 from realm.pipeline.stages import last_metrics
 from realm.recipes.finetune_qa import train_qa
 from realm.recipes.model_card import write_model_card
+from realm.training import Deadline, read_steps
 
 RECALL_KS = (1, 5, 20)
 EXAMPLE_POOL = 100  # held-out sentences searched for the worked examples
@@ -98,6 +99,7 @@ def finetune(
     resume: bool,
     progress: bool,
     evaluated: Sequence[QAExample] | None,
+    deadline: Deadline | None = None,
 ) -> dict:
     """Fine-tune on `train`, keeping the checkpoint with the best EM on the `held_out` training questions (after
     each epoch) and the better query tower on them (keep_query_tower); score the best model on `evaluated` (the
@@ -113,8 +115,10 @@ def finetune(
         resume=resume,
         progress=progress,
         reader_spec=str(reader) if reader else None,
+        deadline=deadline,
     )
     result = {"held_out": json.loads((best / "dev.json").read_text()), "train": last_metrics(folder)}
+    result["steps_trained"] = read_steps(folder)
     result["query_tower"] = keep_query_tower(best, model_folder / "retriever", index_folder, held_out, preset)
     if evaluated is not None:
         answerer = load_answerer(str(best), index_folder, preset)

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedTokenizerBase
 
 from realm.common.device import autocast, default_device
@@ -46,13 +45,17 @@ from realm.recipes.model_card import write_model_card
 from realm.training import (
     DataOrder,
     DataPosition,
+    Deadline,
     Dist,
     MetricsLog,
     Prefetched,
+    ScheduledLR,
+    TimedSchedule,
     bert_optimizer,
     linear_schedule,
     optimizer_step,
     prefetch_depth,
+    record_steps,
     resume_training,
     save_checkpoint,
     setup_distributed,
@@ -188,7 +191,7 @@ def qa_settings(preset: Preset, retriever: RetrieverConfig | None = None) -> dic
     return {"qa": asdict(preset.qa), "retriever": asdict(retriever), "compute_dtype": preset.embed.compute_dtype}
 
 
-def _optimizer(model: QAModel, cfg: QAConfig, total: int) -> tuple[torch.optim.Optimizer, LambdaLR]:
+def _optimizer(model: QAModel, cfg: QAConfig, total: int) -> tuple[torch.optim.Optimizer, ScheduledLR]:
     """AdamW with the fresh span head, the query tower and the hybrid's BM25 weight at their own rates."""
     optimizer = bert_optimizer(
         model,
@@ -199,7 +202,7 @@ def _optimizer(model: QAModel, cfg: QAConfig, total: int) -> tuple[torch.optim.O
             "bm25_weight": cfg.fusion_lr,
         },
     )
-    return optimizer, linear_schedule(optimizer, cfg.warmup_steps(total), total)
+    return optimizer, linear_schedule(optimizer, cfg.warmup_steps(total), total, decay_from=cfg.decay_from)
 
 
 def dev_exact_match(answerer: Answerer, questions: list[QAExample], epoch: int) -> float:
@@ -222,9 +225,12 @@ def train_qa(
     progress: bool = True,
     reader_spec: str | None = None,
     allow_config_change: bool = False,
+    deadline: Deadline | None = None,
 ) -> Path:
     """Fine-tune; returns out/best, the model with the best dev exact match. `reader_spec` overrides the
-    reader warm start of `model_spec` (the ORQA-style baseline: an ICT retriever with a BERT reader)."""
+    reader warm start of `model_spec` (the ORQA-style baseline: an ICT retriever with a BERT reader). `deadline`:
+    when the steps end (sized to it: training.py, TimedSchedule); None: the preset's steps. What it trained is
+    recorded in steps.json."""
     cfg = preset.qa
     d = setup_distributed()
     device = default_device()
@@ -253,12 +259,15 @@ def train_qa(
     best_em = state.get("best_em", -1.0)
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
     dev_part = list(dev)[: cfg.dev_limit]
+    schedule = scheduler.schedule  # its length, as a deadline settles it (training.py: TimedSchedule)
+    timer = TimedSchedule(deadline, schedule, warmup_of=cfg.warmup_steps)
     metrics_log = MetricsLog(out, total, step, d, "QA", progress)
     answers = AnswerBlocks(store.column("body")) if len(store) <= ANSWER_INDEX_MAX_BLOCKS else None
     tokenizer, max_tokens = model.retriever.tokenizer, model.retriever.config.query_max_tokens
     batches = Prefetched(qa_batches(train, position, cfg, tokenizer, max_tokens, answers, d), prefetch_depth(device))
     with batches, metrics_log:
-        while step < total:
+        while step < schedule.total:
+            timer.before_step(step)
             waited = time.perf_counter()
             position, questions = next(batches)
             batch = make_qa_batch(model, questions, index, store, k, cfg.beam, sparse).to(device)
@@ -270,23 +279,50 @@ def train_qa(
             step += 1
             metrics = {"loss": loss.item(), **{m: v.item() for m, v in stats.items()}, "lr": scheduler.get_last_lr()[0]}
             metrics["batch_seconds"] = waited
-            end_of_epoch = step % steps_per_epoch == 0 or step == total  # epochs counted in steps
+            last = step == schedule.total
+            end_of_epoch = step % steps_per_epoch == 0 or last  # epochs counted in steps
             if end_of_epoch and d.main:
-                answerer = Answerer(
-                    model, qa_searcher(model, index, store, sparse), k, store.config.max_block_tokens, dtype=dtype,
-                    selection=cfg.answer_selection,
-                )  # fmt: skip
-                em = dev_exact_match(answerer, dev_part, math.ceil(step / steps_per_epoch))
+                with timer.timing("scoring", steps_per_epoch):
+                    answerer = _answerer(model, index, store, sparse, k, dtype, cfg)
+                    em, best_em = _keep_if_best(answerer, dev_part, out, step, steps_per_epoch, best_em)
                 metrics |= {"dev_em": em, "bm25_weight": model.fusion_weight}
-                if em > best_em:
-                    best_em = em
-                    best = {"exact_match": em, "epoch": math.ceil(step / steps_per_epoch), "step": step}
-                    save_best(model, out / BEST, best | {"questions": len(dev_part), "time": time.time()})
             metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or end_of_epoch)
             if step % cfg.checkpoint_every == 0 or end_of_epoch:
-                save_checkpoint(
-                    out, step, model, optimizer, scheduler, position, d, {"best_em": best_em}, final=step == total
-                )
+                with timer.timing("checkpoint", cfg.checkpoint_every):
+                    save_checkpoint(
+                        out, step, model, optimizer, scheduler, position, d, {"best_em": best_em}, final=last
+                    )
     if d.main:
         log.info("best dev exact match %.2f: %s", best_em, json.loads((out / BEST / "dev.json").read_text()))
+        planned = {"steps": total, "lr_warmup": cfg.warmup_steps(total), "decay_from": cfg.decay_from}
+        lengths = {"steps": schedule.total, "lr_warmup": schedule.warmup, "decay_from": schedule.decay_from}
+        record_steps(out, planned, lengths, deadline)
     return out / BEST
+
+
+def _keep_if_best(
+    answerer: Answerer, dev: list[QAExample], out: Path, step: int, steps_per_epoch: int, best_em: float
+) -> tuple[float, float]:
+    """Exact match on the held-out `dev` questions after an epoch; the model goes to out/best when it is the best
+    so far. Returns (this epoch's EM, the best)."""
+    epoch = math.ceil(step / steps_per_epoch)
+    em = dev_exact_match(answerer, dev, epoch)
+    if em > best_em:
+        assert isinstance(answerer.model, QAModel)
+        best = {"exact_match": em, "epoch": epoch, "step": step, "questions": len(dev), "time": time.time()}
+        save_best(answerer.model, out / BEST, best)
+    return em, max(em, best_em)
+
+
+def _answerer(
+    model: QAModel,
+    index: MipsIndex,
+    store: BlockStore,
+    sparse: BM25Searcher | None,
+    k: int,
+    dtype: torch.dtype,
+    cfg: QAConfig,
+) -> Answerer:
+    """The model as it stands, answering as `ask` and `serve` will (the held-out scoring after an epoch)."""
+    searcher = qa_searcher(model, index, store, sparse)
+    return Answerer(model, searcher, k, store.config.max_block_tokens, dtype=dtype, selection=cfg.answer_selection)

@@ -30,14 +30,17 @@ from realm.recipes.model_card import write_model_card
 from realm.training import (
     DataOrder,
     DataPosition,
+    Deadline,
     Dist,
     MetricsLog,
     Prefetched,
+    TimedSchedule,
     bert_optimizer,
     example_rng,
     linear_schedule,
     optimizer_step,
     prefetch_depth,
+    record_steps,
     resume_training,
     save_checkpoint,
     setup_distributed,
@@ -122,8 +125,11 @@ def train_ict(
     progress: bool = True,
     steps: int | None = None,
     allow_config_change: bool = False,
+    deadline: Deadline | None = None,
 ) -> Path:
-    """Train both towers with ICT; writes config.json, checkpoints and the final retriever to out/retriever."""
+    """Train both towers with ICT; writes config.json, checkpoints and the final retriever to out/retriever.
+    `deadline`: when the steps end (sized to it: training.py, TimedSchedule); None: `steps`. What it trained is
+    recorded in steps.json."""
     cfg = preset.ict
     steps = steps or cfg.steps
     d = setup_distributed()
@@ -141,17 +147,20 @@ def train_ict(
     retriever = Retriever.load(model_spec, preset.retriever).to(device).train()
     model = ICTModel(retriever)
     optimizer = bert_optimizer(model, cfg.lr)
-    scheduler = linear_schedule(optimizer, cfg.warmup_steps, steps)
+    scheduler = linear_schedule(optimizer, cfg.warmup_steps, steps, decay_from=cfg.decay_from)
     if d.main:
         run = {"recipe": "ict", "corpus": str(corpus), "model": model_spec}
         record_run_config(out, run | ict_settings(preset, steps), resume, allow_config_change)
     step, position, _ = resume_training(out, resume, model, optimizer, scheduler, d, "ICT")
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
+    schedule = scheduler.schedule  # its length, as a deadline settles it (training.py: TimedSchedule)
+    timer = TimedSchedule(deadline, schedule)
     metrics_log = MetricsLog(out, steps, step, d, "ICT", progress)
     blocks = ict_batches(titles, bodies, usable, store.config, position, preset, retriever.tokenizer, d)
     batches = Prefetched(blocks, prefetch_depth(device))
     with batches, metrics_log:
-        while step < steps:
+        while step < schedule.total:
+            timer.before_step(step)
             waited = time.perf_counter()
             position, (query, docs) = next(batches)
             query, docs = ({k: v.to(device) for k, v in x.items()} for x in (query, docs))
@@ -161,13 +170,15 @@ def train_ict(
             loss.backward()
             optimizer_step(model, optimizer, scheduler)
             step += 1
+            last = step == schedule.total
             metrics = {"loss": loss.item(), "accuracy": accuracy.item(), "lr": float(scheduler.get_last_lr()[0])}
-            metrics_log.step(
-                step, metrics | {"batch_seconds": waited}, log_now=step % cfg.log_every == 0 or step == steps
-            )
-            if step % cfg.checkpoint_every == 0 or step == steps:
-                save_checkpoint(out, step, model, optimizer, scheduler, position, d, final=step == steps)
+            metrics_log.step(step, metrics | {"batch_seconds": waited}, log_now=step % cfg.log_every == 0 or last)
+            if step % cfg.checkpoint_every == 0 or last:
+                with timer.timing("checkpoint", cfg.checkpoint_every):
+                    save_checkpoint(out, step, model, optimizer, scheduler, position, d, final=last)
     if d.main:
+        planned = {"steps": steps, "decay_from": cfg.decay_from}
+        record_steps(out, planned, {"steps": schedule.total, "decay_from": schedule.decay_from}, deadline)
         retriever.save(out / "retriever")
         write_model_card(out / "retriever", out)
     return out / "retriever"

@@ -42,9 +42,12 @@ from realm.recipes.warmup import WarmupReading, warmup_reading
 from realm.training import (
     DataOrder,
     DataPosition,
+    Deadline,
     Dist,
     MetricsLog,
     Prefetched,
+    ScheduledLR,
+    TimedSchedule,
     barrier,
     bert_optimizer,
     broadcast,
@@ -52,6 +55,7 @@ from realm.training import (
     linear_schedule,
     optimizer_step,
     prefetch_depth,
+    record_steps,
     resume_training,
     save_checkpoint,
     setup_distributed,
@@ -196,9 +200,12 @@ def train_pretrain(
     progress: bool = True,
     allow_config_change: bool = False,
     reuse_indexes: Sequence[Path] = (),
+    deadline: Deadline | None = None,
 ) -> Path:
     """REALM pretraining into `out`. `reuse_indexes`: index folders whose embeddings the first index may copy when
-    the same document tower built them over this corpus (index/build.py: build_index)."""
+    the same document tower built them over this corpus (index/build.py: build_index). `deadline`: when the steps
+    end (the reader warm-up by time, the retrieval steps sized to it: training.py, TimedSchedule); None: the
+    preset's steps. What it trained is recorded in steps.json."""
     cfg, run = preset.pretrain, PretrainRun(Path(out))
     _check_steps(preset)
     d = setup_distributed()
@@ -233,35 +240,45 @@ def train_pretrain(
     # a batch of the null document alone (the baseline, the warm-up) leaves the towers out of the graph
     null_batches = not retrieval or cfg.null_warmup_steps > 0
     trained = DistributedDataParallel(model, find_unused_parameters=null_batches) if d.world_size > 1 else model
-    metrics_log = MetricsLog(run.out, cfg.steps, step, d, "REALM", progress)
+    schedule = scheduler.schedule  # its phases, as a deadline settles them (training.py: TimedSchedule)
+    timer = TimedSchedule(deadline, schedule, on_flat_end=lambda w: schedule.starts.update(_tower_starts(cfg, w)))
+    metrics_log = MetricsLog(run.out, schedule.total, step, d, "REALM", progress)
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
     batches = Prefetched(pretrain_queries(sentences, position, preset, retriever.tokenizer, d), prefetch_depth(device))
     try:
-        while step < cfg.steps:
+        while step < schedule.total:
+            timer.before_step(step)
             index = newest_index(index, run, policy, d)
             builder.share_cores(device)
             waited = time.perf_counter()
             position, local, queries = next(batches)
-            searched = index if step >= cfg.null_warmup_steps else None
+            searched = index if step >= schedule.flat_until else None
             batch = make_pretrain_batch(
                 model, searched, sentences, local, queries, cfg, store, block_doc_ids, device, dtype, warmup
             )
             waited = time.perf_counter() - waited
             loss, stats = realm_step(trained, model, batch, optimizer, scheduler, cfg, d, dtype)
             step += 1
-            spans = finder if step > cfg.null_warmup_steps else None
+            spans = finder if step > schedule.flat_until else None
             metrics = step_metrics(loss, stats, batch, spans, [sentences.doc_ids[i] for i in local], model, d)
             metrics |= {"lr": float(scheduler.get_last_lr()[0]), "batch_seconds": waited}
             metrics |= index_metrics(index, cfg, step, builder)
-            metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or step == cfg.steps)
-            if d.main and policy.should_snapshot(step):
+            last = step == schedule.total
+            metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or last)
+            towers = RefreshPolicy(policy.every_steps, start_step=schedule.starts.get("retriever.", 0))
+            if d.main and towers.should_snapshot(step):
                 save_snapshot(model.retriever, run.snapshots, step)
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                save_checkpoint(run.out, step, model, optimizer, scheduler, position, d, final=step == cfg.steps)
+            if step % cfg.checkpoint_every == 0 or last:
+                with timer.timing("checkpoint", cfg.checkpoint_every):
+                    save_checkpoint(run.out, step, model, optimizer, scheduler, position, d, final=last)
     finally:
         batches.close()
         metrics_log.close()
-        builder.stop(finished=step >= cfg.steps)
+        builder.stop(finished=step >= schedule.total)
+    if d.main:
+        planned = {"steps": cfg.steps, "null_warmup_steps": cfg.null_warmup_steps, "decay_from": cfg.decay_from}
+        lengths = {"steps": schedule.total, "null_warmup_steps": schedule.flat_until, "decay_from": schedule.decay_from}
+        record_steps(run.out, planned, lengths, deadline)
     if d.main:
         run.save(model)
     return run.out
@@ -328,7 +345,7 @@ def training_sentences(
     return finder, sentences
 
 
-def _optimizer(model: RealmModel, cfg: PretrainConfig) -> tuple[torch.optim.Optimizer, LambdaLR]:
+def _optimizer(model: RealmModel, cfg: PretrainConfig) -> tuple[torch.optim.Optimizer, ScheduledLR]:
     """AdamW with the reader, its fresh masked-LM head, the towers and b_null at their own rates. The decoder is tied
     to the word embeddings (trained at the base rate); the transform and bias are fresh. Until the head predicts
     something, the retrieval gradient is noise that Adam would turn into full-size steps on the towers (this
@@ -348,10 +365,16 @@ def _optimizer(model: RealmModel, cfg: PretrainConfig) -> tuple[torch.optim.Opti
         optimizer,
         cfg.warmup_steps,
         cfg.steps,
-        start_at={"retriever.": cfg.towers_start_step, "null_score": cfg.null_warmup_steps},
-        decay_from=cfg.null_warmup_steps,  # the reader's null-document phase runs at the full rate
+        start_at=_tower_starts(cfg, cfg.null_warmup_steps),
+        decay_from=max(cfg.null_warmup_steps, cfg.decay_from),  # the reader's null-document phase runs at the full rate
+        flat_until=cfg.null_warmup_steps,
     )
     return optimizer, scheduler
+
+
+def _tower_starts(cfg: PretrainConfig, warmup_end: int) -> dict[str, int]:
+    """The steps the towers and b_null start training at, for a reader warm-up that ends at `warmup_end`."""
+    return {"retriever.": max(cfg.retriever_frozen_steps, warmup_end), "null_score": warmup_end}
 
 
 def first_index(
