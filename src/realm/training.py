@@ -607,7 +607,10 @@ class MetricsLog:
 
             self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"), purge_step=start_step + 1)
 
-    def step(self, step: int, metrics: dict[str, float], log_now: bool) -> None:
+    def step(self, step: int, metrics: dict[str, float], log_now: bool, total: int | None = None) -> None:
+        """Log a step; `total`: the steps the run now has (a deadline settles them as it goes)."""
+        if total is not None and total != self.bar.total:
+            self.bar.total = total
         self.bar.update(1)
         if not (self.enabled and log_now):
             return

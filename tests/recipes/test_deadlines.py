@@ -209,3 +209,25 @@ def test_a_schedule_settled_by_a_deadline_is_saved_with_the_scheduler():
     fresh.load_state_dict(state)
     assert (fresh.schedule.total, fresh.schedule.flat_until) == (70, 30)
     assert fresh.lr_lambdas[0](69) == scheduler.lr_lambdas[0](69) > 0 == fresh.lr_lambdas[0](70)
+
+
+@pytest.mark.parametrize(
+    ("command", "section", "trained"),
+    [
+        ("pretrain", "pretrain", {"steps": 33, "null_warmup_steps": 23, "decay_from": 25}),
+        ("qa", "qa", {"steps": 360, "lr_warmup": 100, "decay_from": 100}),
+        ("ict", "ict", {"steps": 150, "decay_from": 24}),
+    ],
+)
+def test_what_a_trainer_recorded_replays_from_the_command_line(command, section, trained):
+    """steps.json's trained lengths are a trainer's flags: `realm train <command>` with them replays the run."""
+    from realm.cli.main import build_parser
+    from realm.cli.options import resolve_preset
+
+    required = {"qa": ["--index", "i", "--train", "t", "--dev", "d"]}
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in trained.items()]
+    args = build_parser().parse_args(
+        ["train", command, *required.get(command, ["--corpus", "c"]), "--out", "o", *flags]
+    )
+    config = getattr(resolve_preset(args, section), section)
+    assert {key: getattr(config, key) for key in trained} == trained

@@ -29,7 +29,7 @@ FLAG_FIELDS: dict[str, dict[str, str]] = {
         "shard_size": "shard_size",
     },
     "index": {"backend": "backend"},
-    "ict": {"steps": "steps", "batch_size": "batch_size", "lr": "lr"},
+    "ict": {"steps": "steps", "batch_size": "batch_size", "lr": "lr", "decay_from": "decay_from"},
     "pretrain": {
         field: field
         for field in (
@@ -49,11 +49,24 @@ FLAG_FIELDS: dict[str, dict[str, str]] = {
             "refresh_every",
             "builder",
             "checkpoint_every",
+            "decay_from",
         )
     },
     "qa": {
         field: field
-        for field in ("epochs", "batch_size", "lr", "retriever_lr", "top_k", "beam", "retriever", "answer_selection")
+        for field in (
+            "epochs",
+            "batch_size",
+            "lr",
+            "retriever_lr",
+            "top_k",
+            "beam",
+            "retriever",
+            "answer_selection",
+            "steps",
+            "lr_warmup",
+            "decay_from",
+        )
     },
 }
 # sections every command may change through the flags it has (the trainers' sections only by their own command)

@@ -72,8 +72,26 @@ def _resume_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _replay_options(parser: argparse.ArgumentParser, steps: bool = False) -> None:
+    """The step counts a run under a deadline records in its steps.json: given as these, they replay its schedule."""
+    if steps:
+        parser.add_argument("--steps", type=positive_int, help="steps in all (default: the epochs')")
+        parser.add_argument("--lr-warmup", type=non_negative_int, help="learning-rate warm-up steps (default: ORQA's)")
+    parser.add_argument(
+        "--decay-from",
+        type=non_negative_int,
+        help="the learning rate decays from no earlier than this step (a deadline's run, replayed: its steps.json)",
+    )
+
+
 def add_commands(commands) -> None:
     train = commands.add_parser("train", help="training recipes").add_subparsers(dest="action", required=True)
+    _ict_command(train)
+    _pretrain_command(train)
+    _qa_command(train)
+
+
+def _ict_command(train) -> None:
     ict = train.add_parser("ict", help="Inverse Cloze Task warm start of the retriever")
     ict.add_argument("--corpus", required=True)
     ict.add_argument("--out", required=True)
@@ -81,10 +99,13 @@ def add_commands(commands) -> None:
     ict.add_argument("--steps", type=positive_int)
     ict.add_argument("--batch-size", type=positive_int)
     ict.add_argument("--lr", type=float)
+    _replay_options(ict)
     _resume_options(ict)
     common(ict)
     ict.set_defaults(run=cmd_train_ict)
 
+
+def _pretrain_command(train) -> None:
     pretrain = train.add_parser("pretrain", help="REALM pretraining with an asynchronously refreshed index")
     pretrain.add_argument("--corpus", required=True, help="knowledge corpus Z (its sentences are also X)")
     pretrain.add_argument("--out", required=True)
@@ -143,10 +164,13 @@ def add_commands(commands) -> None:
         "(realm index refresh --config OUT/builder.json ...)",
     )
     pretrain.add_argument("--checkpoint-every", type=positive_int)
+    _replay_options(pretrain)
     _resume_options(pretrain)
     common(pretrain)
     pretrain.set_defaults(run=cmd_train_pretrain)
 
+
+def _qa_command(train) -> None:
     qa = train.add_parser("qa", help="open-QA fine-tuning over a frozen document index")
     qa.add_argument("--model", default=MINILM, help="minilm, a `train pretrain` output or a `train qa` output")
     qa.add_argument("--index", required=True, help="index built by the model's document tower")
@@ -168,6 +192,7 @@ def add_commands(commands) -> None:
     )
     qa.add_argument("--top-k", type=positive_int, help="blocks given to the reader")
     qa.add_argument("--beam", type=positive_int, help="blocks searched for the retrieval loss")
+    _replay_options(qa, steps=True)
     _resume_options(qa)
     common(qa)
     qa.set_defaults(run=cmd_train_qa)

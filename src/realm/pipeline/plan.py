@@ -10,9 +10,11 @@ sized to what is left, as seeded samples whose interval the report gives (`Workl
 `Workload.scored_sentences`). The training steps of ICT, REALM pretraining and QA fine-tuning are all cut (or
 stretched) by the same factor, so the relative lengths of the stages stay those of the preset; schedules that count
 steps (warmup, the retriever freeze, the refresh interval, checkpoints) scale with them. A budget that leaves QA
-fine-tuning fewer than `qa_min_steps` is refused before training, naming the budget this machine needs. Each training
-stage takes its factor as it begins, at the pace the run has kept (`paced_scale`): training steps and the rest are
-paced apart, each within PACE_BOUND.
+fine-tuning fewer than `qa_min_steps` is refused before training,
+naming the budget this machine needs. The budget is a deadline (`PipelinePlan.ends_at`): each stage after the plan
+is allotted, as it begins, what is left less the stages after it at the run's pace (`time_stage`), each kind of
+training step at its own; a trainer ends its steps by its deadline (training.py: TimedSchedule), an evaluation
+scores the sample that fits.
 """
 
 from __future__ import annotations

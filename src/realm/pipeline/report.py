@@ -102,8 +102,9 @@ BUDGET_BAND = (0.90, 1.05)  # a run ends within these shares of its budget, or i
 
 
 def budget_line(plan: PipelinePlan, ended: float, complete: bool) -> tuple[str, str | None]:
-    """The report's first words: how long the run took against its budget, and a warning where a finished run
-    ended outside BUDGET_BAND of it (None: inside, or no budget)."""
+    """The report's first words: how long the run took against its budget (from its beginning to `ended`: its last
+    stage's end, or now while it runs), and a warning where a finished run ended outside BUDGET_BAND of it (None:
+    inside, or no budget)."""
     if plan.budget_minutes is None or plan.began is None:
         return f"No budget: the preset's step counts ({plan.estimated_minutes:.0f} min estimated).", None
     took, budget = (ended - plan.began) / 60, plan.budget_minutes
@@ -485,7 +486,8 @@ def write_report(
     )
     doc = ReportDocument()
     doc.heading(f"REALM pipeline report: {run_dir.name}", 1)
-    budget, warning = budget_line(plan, time.time(), complete)
+    ended = max(record.finished for record in records.values()) if complete and records else time.time()
+    budget, warning = budget_line(plan, ended, complete)
     doc.paragraph(budget + (f" {warning}" if warning else ""))
     doc.paragraph(
         f"Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `{command}`; this invocation took "

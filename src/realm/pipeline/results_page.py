@@ -65,8 +65,8 @@ def run_row(run_dir: Path, link: str) -> tuple[str, list[str], list[object]]:
     finished = max((record["finished"] for record in stages.values()), default=None)
     minutes = sum(record["seconds"] for record in stages.values()) / 60
     budget = plan["budget_minutes"]
-    if plan.get("ended") and plan.get("began") and budget:  # the whole run, against its budget
-        minutes = (plan["ended"] - plan["began"]) / 60
+    if finished and plan.get("began") and budget:  # the whole run, to its last stage's end, against its budget
+        minutes = (finished - plan["began"]) / 60
         took = f"{minutes:.1f} min of a budget of {budget:g} ({minutes / budget:.2f})"
     else:  # a run recorded before runs kept their beginning and end: its stages' minutes
         took = f"{minutes:.1f} min" + (f" (budget {budget:g})" if budget else "")

@@ -443,8 +443,6 @@ class Pipeline:
         if self.options.ablations:
             realm_trained, qa_trained = self.trained("realm", realm_preset), self.trained("qa", qa_preset)
             self.ablations(realm_trained, qa_trained, start, start_index, warm, corpus)
-        path = self.run_dir / "plan.json"  # when the run ended, for the results page
-        write_json_atomic(path, json.loads(path.read_text()) | {"ended": time.time()})
         report = self.report(complete=True)
         assert report is not None  # the plan exists by now
         self.echo(f"[pipeline] report: {report} (and {report.with_suffix('.html').name})")

@@ -286,7 +286,7 @@ def train_qa(
                     answerer = _answerer(model, index, store, sparse, k, dtype, cfg)
                     em, best_em = _keep_if_best(answerer, dev_part, out, step, steps_per_epoch, best_em)
                 metrics |= {"dev_em": em, "bm25_weight": model.fusion_weight}
-            metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or end_of_epoch)
+            metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or end_of_epoch, total=schedule.total)
             if step % cfg.checkpoint_every == 0 or end_of_epoch:
                 with timer.timing("checkpoint", cfg.checkpoint_every):
                     save_checkpoint(

@@ -172,7 +172,12 @@ def train_ict(
             step += 1
             last = step == schedule.total
             metrics = {"loss": loss.item(), "accuracy": accuracy.item(), "lr": float(scheduler.get_last_lr()[0])}
-            metrics_log.step(step, metrics | {"batch_seconds": waited}, log_now=step % cfg.log_every == 0 or last)
+            metrics_log.step(
+                step,
+                metrics | {"batch_seconds": waited},
+                log_now=step % cfg.log_every == 0 or last,
+                total=schedule.total,
+            )
             if step % cfg.checkpoint_every == 0 or last:
                 with timer.timing("checkpoint", cfg.checkpoint_every):
                     save_checkpoint(out, step, model, optimizer, scheduler, position, d, final=last)

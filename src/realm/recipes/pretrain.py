@@ -264,7 +264,7 @@ def train_pretrain(
             metrics |= {"lr": float(scheduler.get_last_lr()[0]), "batch_seconds": waited}
             metrics |= index_metrics(index, cfg, step, builder)
             last = step == schedule.total
-            metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or last)
+            metrics_log.step(step, metrics, log_now=step % cfg.log_every == 0 or last, total=schedule.total)
             towers = RefreshPolicy(policy.every_steps, start_step=schedule.starts.get("retriever.", 0))
             if d.main and towers.should_snapshot(step):
                 save_snapshot(model.retriever, run.snapshots, step)
