@@ -760,3 +760,20 @@ def test_held_out_sentences_are_sampled_over_the_whole_split(tmp_path):
     order = [held_out.texts.index(t) for t in sample.texts]
     assert order == sorted(order) and order[-1] > 0.8 * len(held_out)  # not the first 300 in corpus order
     assert held_out.sample(10_000) is held_out
+
+
+def test_the_report_leads_with_the_budget_and_warns_outside_its_band():
+    from realm.pipeline.report import BUDGET_BAND, budget_line
+
+    cpu = get_preset("cpu")
+    plan = dataclasses.replace(plan_pipeline(cpu, Workload(blocks=16_772), 50), began=1_000.0)
+    line, warning = budget_line(plan, 1_000.0 + 49.6 * 60, complete=True)
+    assert line == "**Took 49.6 min of a 50-minute budget (0.99 of it).**" and warning is None
+    line, warning = budget_line(plan, 1_000.0 + 59.0 * 60, complete=True)
+    assert "(1.18 of it)" in line and warning is not None and "over its budget" in warning
+    assert f"{BUDGET_BAND[0]:.2f}-{BUDGET_BAND[1]:.2f}" in warning
+    assert "under its budget" in (budget_line(plan, 1_000.0 + 40 * 60, complete=True)[1] or "")
+    line, warning = budget_line(plan, 1_000.0 + 10 * 60, complete=False)
+    assert line.startswith("**10.0 min of a 50-minute budget so far**") and warning is None
+    unbudgeted = plan_pipeline(cpu, Workload(blocks=16_772), None)
+    assert budget_line(unbudgeted, 0.0, complete=True)[0].startswith("No budget")

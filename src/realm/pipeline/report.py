@@ -6,6 +6,7 @@ the only constants are the paper's published numbers, shown beside ours and labe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -49,7 +50,7 @@ def _configuration(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
                 if preset.ict.steps
                 else "none: REALM starts from the warm start",
             ],
-            ["REALM pretraining", pretraining_setting(preset.pretrain, plan.reading_minutes)],
+            ["REALM pretraining", pretraining_setting(_trained(preset.pretrain, r.get("realm")), plan.reading_minutes)],
             ["pretraining sentences", _sentence_usage(r.get("realm", {}).get("sentences"))],
             [
                 "QA fine-tuning",
@@ -60,6 +61,15 @@ def _configuration(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
             ],
         ],
     )
+
+
+def _trained(cfg: PretrainConfig, realm: dict | None) -> PretrainConfig:
+    """REALM's config with the steps it trained (its deadline settled them), once it has trained."""
+    steps = (realm or {}).get("steps_trained")
+    if not steps:
+        return cfg
+    trained = steps["trained"]
+    return dataclasses.replace(cfg, steps=trained["steps"], null_warmup_steps=trained["null_warmup_steps"])
 
 
 def pretraining_setting(cfg: PretrainConfig, reading_minutes: float | None = None) -> str:

@@ -238,14 +238,8 @@ def train_qa(
     torch.manual_seed(cfg.seed + d.rank)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    index = MipsIndex(index_dir)
+    model, index, config, sparse = qa_model_over(model_spec, index_dir, preset, reader_spec)
     store = index.corpus()
-    config = index.retriever_config(preset.retriever)  # pooling etc. of the index's model
-    model = QAModel.load(model_spec, config, cfg.span_hidden, cfg.max_span_width, reader=reader_spec)
-    index.check_doc_tower(model.retriever.doc_fingerprint())  # refuses an index built by another document tower
-    if cfg.retriever not in ("dense", "hybrid"):
-        raise ValueError(f"QA fine-tuning retrieves with 'dense' or 'hybrid', not {cfg.retriever!r}")
-    sparse = BM25Searcher(store) if cfg.retriever == "hybrid" else None  # built once, kept for every epoch
     model.to(device).train()
     k = min(cfg.top_k, len(index.block_ids))
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
@@ -262,9 +256,7 @@ def train_qa(
     schedule = scheduler.schedule  # its length, as a deadline settles it (training.py: TimedSchedule)
     timer = TimedSchedule(deadline, schedule, warmup_of=cfg.warmup_steps)
     metrics_log = MetricsLog(out, total, step, d, "QA", progress)
-    answers = AnswerBlocks(store.column("body")) if len(store) <= ANSWER_INDEX_MAX_BLOCKS else None
-    tokenizer, max_tokens = model.retriever.tokenizer, model.retriever.config.query_max_tokens
-    batches = Prefetched(qa_batches(train, position, cfg, tokenizer, max_tokens, answers, d), prefetch_depth(device))
+    batches = _prefetched(train, position, cfg, model, store, d, device)
     with batches, metrics_log:
         while step < schedule.total:
             timer.before_step(step)
@@ -298,6 +290,38 @@ def train_qa(
         lengths = {"steps": schedule.total, "lr_warmup": schedule.warmup, "decay_from": schedule.decay_from}
         record_steps(out, planned, lengths, deadline)
     return out / BEST
+
+
+def qa_model_over(
+    model_spec: str, index_dir: Path, preset: Preset, reader_spec: str | None = None
+) -> tuple[QAModel, MipsIndex, RetrieverConfig, BM25Searcher | None]:
+    """The model to fine-tune, the index it searches (refused where another document tower built it), the
+    retriever settings (pooling etc.) of that index's model, and for hybrid retrieval the BM25 index of its corpus
+    (built once, kept for every epoch)."""
+    cfg = preset.qa
+    if cfg.retriever not in ("dense", "hybrid"):
+        raise ValueError(f"QA fine-tuning retrieves with 'dense' or 'hybrid', not {cfg.retriever!r}")
+    index = MipsIndex(index_dir)
+    config = index.retriever_config(preset.retriever)
+    model = QAModel.load(model_spec, config, cfg.span_hidden, cfg.max_span_width, reader=reader_spec)
+    index.check_doc_tower(model.retriever.doc_fingerprint())
+    return model, index, config, BM25Searcher(index.corpus()) if cfg.retriever == "hybrid" else None
+
+
+def _prefetched(
+    train: Sequence[QAExample],
+    position: DataPosition,
+    cfg: QAConfig,
+    model: QAModel,
+    store: BlockStore,
+    d: Dist,
+    device: torch.device,
+) -> Prefetched[tuple[DataPosition, QAQuestions]]:
+    """The question batches from `position` on, built ahead of the step, with the blocks holding each answer looked
+    up in an answer-token index of the corpus (above ANSWER_INDEX_MAX_BLOCKS: tested block by block)."""
+    answers = AnswerBlocks(store.column("body")) if len(store) <= ANSWER_INDEX_MAX_BLOCKS else None
+    tokenizer, max_tokens = model.retriever.tokenizer, model.retriever.config.query_max_tokens
+    return Prefetched(qa_batches(train, position, cfg, tokenizer, max_tokens, answers, d), prefetch_depth(device))
 
 
 def _keep_if_best(

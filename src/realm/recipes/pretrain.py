@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -171,6 +172,14 @@ class PretrainRun:
     def sentence_usage(self) -> Path:
         return self.out / SENTENCE_USAGE
 
+    def record_config(
+        self, preset: Preset, corpus: Path, retriever: str, reader: str, resume: bool, allow_change: bool
+    ) -> None:
+        """config.json: every preset section pretraining reads and what it started from (a resume with other
+        settings is refused unless `allow_change`: config.py, record_run_config)."""
+        models = {"corpus": str(corpus), "retriever_model": retriever, "reader_model": reader}
+        record_run_config(self.out, {"recipe": "pretrain", **models, **pretrain_settings(preset)}, resume, allow_change)
+
     def save(self, model: RealmModel) -> None:
         """The trained towers and reader, as `--retriever`/`--reader` (and Retriever.load/Reader.load) read them,
         and the model card."""
@@ -219,27 +228,13 @@ def train_pretrain(
     finder, sentences = training_sentences(store, model, preset, run, progress, d)
     optimizer, scheduler = _optimizer(model.to(device).train(), cfg)
     if d.main:
-        models = {"corpus": str(corpus), "retriever_model": retriever_spec, "reader_model": reader_spec}
-        record_run_config(
-            run.out, {"recipe": "pretrain", **models, **pretrain_settings(preset)}, resume, allow_config_change
-        )
+        run.record_config(preset, corpus, retriever_spec, reader_spec, resume, allow_config_change)
     step, position, _ = resume_training(run.out, resume, model, optimizer, scheduler, d, "REALM pretraining")
     if step == 0 and cfg.mask_center_momentum > 0:
         estimate_mask_center(model.retriever, sentences, cfg, preset.retriever.query_max_tokens, device)
 
-    retrieval = cfg.num_candidates > 1  # 1: the null document alone, i.e. masked-LM without retrieval (a baseline)
-    refresh = retrieval and cfg.doc_tower == "trained"  # a fixed document tower keeps the first index exact
-    policy = RefreshPolicy(cfg.refresh_every if refresh else 0, start_step=cfg.towers_start_step)
-    # The first index and every rebuild use the same settings: the builder process receives these as JSON.
-    config = BuilderConfig(preset.embed, preset.index, preset.retriever, policy.every_steps)
-    builder = IndexBuilder(run.out, Path(corpus), config, cfg.builder, cfg.builder_nice)
-    index = first_index(model, store, run, builder.config, step, progress, reuse_indexes, d) if retrieval else None
-    if d.main and not policy.frozen:
-        builder.start()
-    warmup = warmup_reading(cfg.reader_warmup, store, finder, index, cfg.reader_warmup_window) if retrieval else None
-    # a batch of the null document alone (the baseline, the warm-up) leaves the towers out of the graph
-    null_batches = not retrieval or cfg.null_warmup_steps > 0
-    trained = DistributedDataParallel(model, find_unused_parameters=null_batches) if d.world_size > 1 else model
+    policy, builder, index, warmup = index_side(model, store, finder, run, preset, step, progress, reuse_indexes, d)
+    trained = _distributed(model, cfg, d)
     schedule = scheduler.schedule  # its phases, as a deadline settles them (training.py: TimedSchedule)
     timer = TimedSchedule(deadline, schedule, on_flat_end=lambda w: schedule.starts.update(_tower_starts(cfg, w)))
     metrics_log = MetricsLog(run.out, schedule.total, step, d, "REALM", progress)
@@ -279,9 +274,54 @@ def train_pretrain(
         planned = {"steps": cfg.steps, "null_warmup_steps": cfg.null_warmup_steps, "decay_from": cfg.decay_from}
         lengths = {"steps": schedule.total, "null_warmup_steps": schedule.flat_until, "decay_from": schedule.decay_from}
         record_steps(run.out, planned, lengths, deadline)
-    if d.main:
         run.save(model)
     return run.out
+
+
+class IndexSide(NamedTuple):
+    """What a pretraining run searches: when it refreshes (`policy`), the builder process beside it, its first
+    index (None: no retrieval, the null document alone) and what its reader warm-up reads besides the null document."""
+
+    policy: RefreshPolicy
+    builder: IndexBuilder
+    first: MipsIndex | None
+    warmup: WarmupReading | None
+
+
+def index_side(
+    model: RealmModel,
+    store: BlockStore,
+    finder: SpanFinder | None,
+    run: PretrainRun,
+    preset: Preset,
+    step: int,
+    progress: bool,
+    reuse_indexes: Sequence[Path],
+    d: Dist,
+) -> IndexSide:
+    """The first index (built from the current retriever where the run has none) and the builder that refreshes it
+    (started where the document tower trains)."""
+    cfg = preset.pretrain
+    retrieval = cfg.num_candidates > 1  # 1: the null document alone, i.e. masked-LM without retrieval (a baseline)
+    refresh = retrieval and cfg.doc_tower == "trained"  # a fixed document tower keeps the first index exact
+    policy = RefreshPolicy(cfg.refresh_every if refresh else 0, start_step=cfg.towers_start_step)
+    # The first index and every rebuild use the same settings: the builder process receives these as JSON.
+    config = BuilderConfig(preset.embed, preset.index, preset.retriever, policy.every_steps)
+    builder = IndexBuilder(run.out, store.folder, config, cfg.builder, cfg.builder_nice)
+    index = first_index(model, store, run, builder.config, step, progress, reuse_indexes, d) if retrieval else None
+    if d.main and not policy.frozen:
+        builder.start()
+    warmup = warmup_reading(cfg.reader_warmup, store, finder, index, cfg.reader_warmup_window) if retrieval else None
+    return IndexSide(policy, builder, index, warmup)
+
+
+def _distributed(model: RealmModel, cfg: PretrainConfig, d: Dist) -> torch.nn.Module:
+    """The model, or its DDP wrapper under torchrun. A batch of the null document alone (the baseline, the
+    warm-up) leaves the towers out of the graph."""
+    if d.world_size == 1:
+        return model
+    null_batches = cfg.num_candidates <= 1 or cfg.null_warmup_steps > 0
+    return DistributedDataParallel(model, find_unused_parameters=null_batches)
 
 
 def realm_step(
