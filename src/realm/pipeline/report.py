@@ -524,6 +524,7 @@ def write_report(
     results.paragraph(f"Command: `{command}`. Written {time.strftime('%Y-%m-%d')} from the run's own records." + status)
     results.paragraph(budget + (f" {warning}" if warning else ""))
     _configuration(results, r, plan)
+    _stages(results, records, plan, run_dir)
     if "qa_start" in r:
         _qa_start(results, r)
     if "eval" in r:

@@ -140,5 +140,36 @@ def write_results_page(run_dirs: list[Path], out: Path) -> Path:
     for command, (columns, rows) in tables.items():
         doc.heading(f"`{command}`")
         doc.table(columns, rows)
+    timed = [d.name for d in run_dirs if load_records(out.parent / "runs" / d.name)[0].get("stage_timings")]
+    if timed:
+        doc.heading("Where each run's minutes went")
+        doc.paragraph(
+            "Runs whose stages were each allotted what was left of the budget as they began (the budget as a "
+            "deadline): each stage's estimate at the plan, its allotment and the minutes it took; each trainer's "
+            "steps planned / trained and seconds a step estimated / measured are in the run's record (its results.md)."
+        )
+        for name in timed:
+            doc.paragraph(f"**{name}**")
+            doc.table(["stage", "estimated min", "allotted min", "took min"], stage_rows(out.parent / "runs" / name))
     write_atomic(out, lambda tmp: tmp.write_text(doc.markdown(out.parent), encoding="utf-8"))
     return out
+
+
+def stage_rows(run_dir: Path) -> list[list[object]]:
+    """A run's stages in the order they finished: estimated (at the plan), allotted (as each began), took."""
+    plan, stages = load_records(run_dir)
+    estimated = {s["name"]: s["seconds"] for s in plan["stages"]}
+    timings = plan.get("stage_timings", {})
+    rows: list[list[object]] = []
+    for record in sorted(stages.values(), key=lambda record: record["finished"]):
+        name = record["name"]
+        allotted = timings.get(name, {}).get("allotted")
+        rows.append(
+            [
+                name,
+                f"{estimated[name] / 60:.2f}" if name in estimated else "before the plan",
+                f"{allotted / 60:.2f}" if allotted is not None else None,
+                f"{record['seconds'] / 60:.2f}",
+            ]
+        )
+    return rows
