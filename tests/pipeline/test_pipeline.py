@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -533,10 +534,17 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
 
 
 def test_without_ict_realm_starts_from_the_warm_start_and_its_index(tiny_run):
+    """Also: a corpus in DPR's passage TSV (id, text, title; csv quoting) runs through the pipeline."""
     no_ict = dataclasses.replace(TINY_PIPELINE, ict=dataclasses.replace(TINY_PIPELINE.ict, steps=0))
     assert scale_preset(no_ict, 3.0, len(QUESTIONS)).ict.steps == 0  # a budget never adds an ICT stage
-    report = Pipeline(dataclasses.replace(tiny_run, ablations=False), no_ict, lambda _: None).run()
+    tsv = tiny_run.run_dir.parent / "psgs.tsv"
+    with tsv.open("w", newline="") as handle:
+        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
+        writer.writerows([("id", "text", "title"), *((d["id"], d["text"], d["title"]) for d in DOCS)])
+    options = dataclasses.replace(tiny_run, ablations=False, inputs=(str(tsv),))
+    report = Pipeline(options, no_ict, lambda _: None).run()
     run = tiny_run.run_dir
+    assert json.loads((run / STAGES / "corpus.json").read_text())["result"]["documents"] == len(DOCS)
     assert not (run / STAGES / "ict.json").exists() and not (run / STAGES / "ict_index.json").exists()
     realm = json.loads((run / "realm" / "config.json").read_text())["config"]
     assert Path(realm["retriever_model"]) == run / "warm_start" / "retriever"

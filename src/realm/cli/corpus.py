@@ -40,7 +40,9 @@ def add_commands(commands) -> None:
     corpus = commands.add_parser("corpus", help="knowledge corpus").add_subparsers(dest="action", required=True)
     build = corpus.add_parser("build", help="split documents into blocks")
     build.add_argument(
-        "inputs", nargs="+", help=f"JSONL(.gz) / Parquet / SQuAD .json|.zip files, or {VITAL_ARTICLES!r}"
+        "inputs",
+        nargs="+",
+        help=f"JSONL(.gz) / DPR passage .tsv(.gz) / Parquet / SQuAD .json|.zip files, or {VITAL_ARTICLES!r}",
     )
     build.add_argument("--out", required=True, help="corpus folder")
     build.add_argument("--tokenizer", default=MINILM, help="'minilm' or a folder with a BERT tokenizer")

@@ -1,5 +1,5 @@
-"""Readers for knowledge-corpus inputs: JSONL(.gz), Parquet, SQuAD JSON (.json/.zip), BEIR folders, and built-in
-corpora.
+"""Readers for knowledge-corpus inputs: JSONL(.gz), DPR's passage TSV(.gz), Parquet, SQuAD JSON (.json/.zip), BEIR
+folders, and built-in corpora.
 
 Every reader yields `Document`s and reports malformed records as `CorpusError("file:line: why")` (a Parquet
 file's rows are numbered from 1 like lines), or, with `skip_bad`, counts them in a `BadRecords` tally and
@@ -9,6 +9,7 @@ moves on.
 from __future__ import annotations
 
 import codecs
+import csv
 import gzip
 import hashlib
 import io
@@ -134,24 +135,58 @@ def numbered_lines(path: Path) -> Iterator[tuple[int, str | None, str]]:
         ) from err
 
 
-def read_jsonl(path: Path, skip_bad: bool, bad: BadRecords, columns: Columns) -> Iterator[Document]:
+def _readable_lines(path: Path, skip_bad: bool, bad: BadRecords) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each UTF-8, non-blank line; a line that is not UTF-8 is a bad record, and a file that
+    ends early stops the reading there (under `skip_bad`: after the lines read before it, said in the log)."""
     try:
         for lineno, line, problem in numbered_lines(path):
             if line is None:
                 _bad(f"{path}:{lineno}", problem, skip_bad, bad)
             elif line.strip():
-                try:
-                    yield _document_from_record(json.loads(line), columns)
-                except json.JSONDecodeError as err:
-                    why = f"invalid JSON ({err.msg.removesuffix(' at')} at column {err.colno})"
-                    _bad(f"{path}:{lineno}", why, skip_bad, bad)
-                except ValueError as err:
-                    _bad(f"{path}:{lineno}", str(err), skip_bad, bad)
+                yield lineno, line
     except TruncatedInput as err:
         if not skip_bad:
             raise CorpusError(f"{err} (use --skip-bad to keep the lines read before it)") from err
         bad.add(f"{path}:{err.lines_read + 1}", "the file ends early")
         log.warning("%s; keeping the %d lines read before it", err, err.lines_read)
+
+
+def read_jsonl(path: Path, skip_bad: bool, bad: BadRecords, columns: Columns) -> Iterator[Document]:
+    for lineno, line in _readable_lines(path, skip_bad, bad):
+        try:
+            yield _document_from_record(json.loads(line), columns)
+        except json.JSONDecodeError as err:
+            why = f"invalid JSON ({err.msg.removesuffix(' at')} at column {err.colno})"
+            _bad(f"{path}:{lineno}", why, skip_bad, bad)
+        except ValueError as err:
+            _bad(f"{path}:{lineno}", str(err), skip_bad, bad)
+
+
+DPR_COLUMNS = ("id", "text", "title")  # psgs_w100.tsv's header, and its fields in that order
+
+
+def read_dpr_tsv(path: Path, skip_bad: bool, bad: BadRecords) -> Iterator[Document]:
+    """DPR's passage file (psgs_w100.tsv, the 21M-passage Wikipedia every NQ-open system reads): a header line
+    `id<TAB>text<TAB>title`, then one passage a line, a field quoted as Python's csv writes it where it holds a
+    quote ("..." with "" for one), as DPR reads it (csv.reader, delimiter TAB). Streamed line by line: nothing but
+    the current line is held."""
+    for lineno, line in _readable_lines(path, skip_bad, bad):
+        where = f"{path}:{lineno}"
+        try:
+            row = next(csv.reader([line.rstrip("\r\n")], delimiter="\t", strict=True))
+        except csv.Error as err:
+            _bad(where, f"malformed TSV ({err})", skip_bad, bad)
+            continue
+        if lineno == 1 and tuple(row) == DPR_COLUMNS:
+            continue
+        if len(row) != len(DPR_COLUMNS):
+            why = f"expected 3 tab-separated fields (id, text, title), got {len(row)}"
+            _bad(where, why + (" (a quote left open?)" if '"' in line else ""), skip_bad, bad)
+            continue
+        try:
+            yield _document_from_record(dict(zip(DPR_COLUMNS, row)), Columns())
+        except ValueError as err:
+            _bad(where, str(err), skip_bad, bad)
 
 
 def read_parquet(path: Path, skip_bad: bool, bad: BadRecords, columns: Columns) -> Iterator[Document]:
@@ -283,8 +318,8 @@ def _looks_like_squad(path: Path) -> bool:
 
 
 def read_documents(spec: str, skip_bad: bool, bad: BadRecords, columns: Columns = Columns()) -> Iterator[Document]:
-    """Dispatch one input: `vital-articles`, *.jsonl / *.jsonl.gz, *.parquet, SQuAD *.json / *.zip, or a BEIR
-    folder (its corpus.jsonl)."""
+    """Dispatch one input: `vital-articles`, *.jsonl / *.jsonl.gz, DPR's passage *.tsv / *.tsv.gz, *.parquet, SQuAD
+    *.json / *.zip, or a BEIR folder (its corpus.jsonl)."""
     if spec == VITAL_ARTICLES:
         yield from read_vital_articles(skip_bad, bad)
         return
@@ -299,17 +334,21 @@ def read_documents(spec: str, skip_bad: bool, bad: BadRecords, columns: Columns 
         return
     if not path.is_file():
         raise CorpusError(
-            f"{spec}: no such file (inputs are JSONL/JSONL.gz, Parquet, SQuAD .json/.zip, a BEIR folder, or "
+            f"{spec}: no such file (inputs are JSONL/JSONL.gz, DPR's TSV, Parquet, SQuAD .json/.zip, a BEIR folder, or "
             f"{VITAL_ARTICLES!r})"
         )
     if path.name.endswith((".jsonl", ".jsonl.gz")):
         yield from read_jsonl(path, skip_bad, bad, columns)
+    elif path.name.endswith((".tsv", ".tsv.gz")):
+        yield from read_dpr_tsv(path, skip_bad, bad)
     elif path.suffix == ".parquet":
         yield from read_parquet(path, skip_bad, bad, columns)
     elif _looks_like_squad(path):
         yield from read_squad(path, skip_bad, bad)
     else:
-        raise CorpusError(f"{spec}: unknown input format (expected .jsonl, .jsonl.gz, .parquet, SQuAD .json or .zip)")
+        raise CorpusError(
+            f"{spec}: unknown input format (expected .jsonl, .jsonl.gz, DPR's .tsv/.tsv.gz, .parquet, SQuAD .json or .zip)"
+        )
 
 
 def read_all(specs: list[str], skip_bad: bool, bad: BadRecords, columns: Columns = Columns()) -> Iterator[Document]:
