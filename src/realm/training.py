@@ -345,7 +345,7 @@ class TimedSchedule:
     A flat phase ends by time; the decaying phase is sized in steps from the time left as it begins (at the
     estimated step) and re-sized once from its own first timed steps, after which nothing changes: its rate stays
     flat while it is timed and decays linearly from there to 0 at its last step, so the schedule is one a run
-    with fixed steps can replay (`lengths`). What recurs between steps (checkpoints, QA's scorings) is timed apart
+    with fixed steps can replay (the trainer's steps.json). What recurs between steps (checkpoints, QA's scorings) is timed apart
     (`between`) and counted where it falls. `warmup_of`: the rate warm-up of a length (QA: ORQA's rule), set when
     the phase is first sized; `on_flat_end(step)`: what starts when the flat phase ends (REALM's towers)."""
 
@@ -405,12 +405,6 @@ class TimedSchedule:
             measured = (now - at - self.excluded) / max(1, step - began)
             s.total = step + self._fitting(step, now, max(measured, 1e-6))
             s.decay_from, s.sizings = step, 2
-
-    @property
-    def lengths(self) -> dict[str, int]:
-        """What the run trained (or, before its end, will): replayed with these as fixed steps."""
-        s = self.schedule
-        return {"steps": s.total, "flat_until": s.flat_until, "decay_from": s.decay_from, "warmup": s.warmup}
 
     def _timed_steps(self, planned: int) -> int:
         assert self.deadline is not None

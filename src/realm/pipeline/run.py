@@ -365,25 +365,31 @@ class Pipeline:
         if stage in stored.setdefault("stage_timings", {}):
             return StageTiming.from_dict(stored["stage_timings"][stage])
         took = {name: r.seconds for name, r in self.stages.records.items()}
-        costed = dataclasses.replace(self.base_preset, costs=self.plan.preset.costs)
         trained = {s.name for s in self.plan.stages if s.steps} & took.keys()
         stepping = {name: seconds for name in trained if (seconds := stepping_seconds(self.run_dir / name))}
-        ran = {name: self.trained_estimate(name, costed) for name in trained}
-        timing = time_stage(self.plan, costed, stage, took, {k: v for k, v in ran.items() if v}, stepping, time.time())
+        timings = stored["stage_timings"]
+        ran = {name: e for name in trained if (e := self.trained_estimate(name, timings.get(name))) is not None}
+        timing = time_stage(self.plan, self.costed, stage, took, ran, stepping, time.time())
         stored["stage_timings"][stage] = timing.to_dict()
         write_json_atomic(path, stored)
         late = " (the run is behind: its least)" if timing.allotted <= 0 else ""
         self.echo(f"[pipeline] {stage}: {timing.describe()}{late}")
         return timing
 
-    def trained_estimate(self, stage: str, costed: Preset) -> StageEstimate | None:
-        """A finished training stage's estimate at the steps it trained (its steps.json), for the run's pace."""
+    @property
+    def costed(self) -> Preset:
+        """The preset unscaled, with the costs the plan was sized with."""
+        assert self.plan is not None
+        return dataclasses.replace(self.base_preset, costs=self.plan.preset.costs)
+
+    def trained_estimate(self, stage: str, timing: dict | None) -> StageEstimate | None:
+        """A finished training stage's estimate at the steps it trained (its steps.json), for the run's pace
+        (`timing`: the stage's, from plan.json)."""
         steps = read_steps(self.run_dir / stage)
-        timing = json.loads((self.run_dir / "plan.json").read_text()).get("stage_timings", {}).get(stage)
         if steps is None or timing is None or timing.get("scale") is None:
             return None
         assert self.plan is not None
-        sized = scale_preset(costed, timing["scale"], self.plan.work.qa_train)
+        sized = scale_preset(self.costed, timing["scale"], self.plan.work.qa_train)
         ran = trained_preset(sized, stage, steps["trained"])
         return next((e for e in estimate(ran, self.plan.work) if e.name == stage), None)
 
@@ -393,8 +399,7 @@ class Pipeline:
         timing = self.timed(stage)
         if timing is None or timing.scale is None or timing.deadline is None:
             return self.plan.preset, None
-        costed = dataclasses.replace(self.base_preset, costs=self.plan.preset.costs)
-        return scale_preset(costed, timing.scale, self.plan.work.qa_train), Deadline(**timing.deadline)
+        return scale_preset(self.costed, timing.scale, self.plan.work.qa_train), Deadline(**timing.deadline)
 
     def trained(self, stage: str, preset: Preset) -> Preset:
         """`preset` with the steps `stage` trained (its steps.json), for a run compared with it."""
