@@ -478,7 +478,17 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
         "zero_shot/off-the-shelf",
         "zero_shot/ICT",
         "zero_shot/REALM",
+        "realm_vs_start",
+        "answer_coverage",
+        "question_set",
     }
+    assert evaluation["realm_vs_start"]["start"] == "ICT" and "recall@5" in evaluation["realm_vs_start"]
+    ranks = json.loads((run / "eval" / "zero_shot_ranks.json").read_text())
+    assert set(ranks) == {"off-the-shelf", "ICT", "REALM"} and all(len(r) == len(QUESTIONS) for r in ranks.values())
+    assert 0 < evaluation["answer_coverage"]["percent"] <= 100
+    headline = text.split("## ")[0]  # before the first section: the budget line, EM and what REALM added
+    assert "**Open-QA exact match**" in headline and "REALM pretraining changed dev EM by" in headline
+    assert "Zero-shot recall@5 on the dev questions, REALM's retriever minus its start (ICT)" in headline
     for kind in ("dense", "bm25", "hybrid"):
         assert (run / "eval" / f"predictions_{kind}.jsonl").read_text().count("\n") == len(QUESTIONS)
     assert set(evaluation["paired"]) == {"dense - bm25", "hybrid - bm25", "hybrid - dense"}

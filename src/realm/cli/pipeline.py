@@ -10,11 +10,13 @@ from pathlib import Path
 from realm.cli.options import common
 from realm.common.weights import MINILM
 from realm.config import default_preset, get_preset
-from realm.data.sources import VITAL_ARTICLES
+from realm.data.question_sets import EXPERIMENTS, QUESTION_SETS
+from realm.data.sources import SQUAD_PARAGRAPHS, VITAL_ARTICLES
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     """Every stage from the corpus to the report; a re-run skips what matches and resumes what was cut off."""
+    from realm.data.question_sets import question_file
     from realm.pipeline.plan import PipelineOptions
     from realm.pipeline.run import Pipeline
 
@@ -26,12 +28,14 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     if args.dtype:  # every trainer, embedder and evaluator computes in it; the calibration measures in it
         preset = dataclasses.replace(preset, embed=dataclasses.replace(preset.embed, compute_dtype=args.dtype))
     budget = None if args.budget_minutes == 0 else (args.budget_minutes or preset.pipeline_budget_minutes)
+    qa_train, qa_dev = _questions(args)
     options = PipelineOptions(
         inputs=tuple(args.inputs),
         run_dir=Path(args.run_dir),
         warm_start=args.warm_start,
-        qa_train=Path(args.qa_train) if args.qa_train else None,
-        qa_dev=Path(args.qa_dev) if args.qa_dev else None,
+        qa_train=question_file(qa_train) if qa_train else None,
+        qa_dev=question_file(qa_dev) if qa_dev else None,
+        dev_set=qa_dev if qa_dev in QUESTION_SETS else None,
         qa_articles=Path(args.qa_articles) if args.qa_articles else None,
         ablations=args.ablations,
         budget_minutes=budget,
@@ -40,6 +44,15 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     )
     Pipeline(options, preset).run()
     return 0
+
+
+def _questions(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(training questions, dev questions): files or set names; --qa-train/--qa-dev over --qa-set's pair."""
+    if args.qa_train or args.qa_dev:
+        if not (args.qa_train and args.qa_dev):
+            raise ValueError("give both --qa-train and --qa-dev, or neither (--qa-set names both)")
+        return args.qa_train, args.qa_dev
+    return EXPERIMENTS.get(args.qa_set, (None, None))
 
 
 def cmd_results(args: argparse.Namespace) -> int:
@@ -54,12 +67,27 @@ def cmd_results(args: argparse.Namespace) -> int:
 def add_commands(commands) -> None:
     pipeline = commands.add_parser("pipeline", help="the main job: corpus -> ICT -> REALM -> [QA] -> report")
     pipeline.add_argument(
-        "--inputs", nargs="+", default=[VITAL_ARTICLES], help="corpus inputs (default: vital-articles)"
+        "--inputs",
+        nargs="+",
+        default=[VITAL_ARTICLES, SQUAD_PARAGRAPHS],
+        help=f"corpus inputs (default: {VITAL_ARTICLES} {SQUAD_PARAGRAPHS}: the 10,033 vital articles' lead sections "
+        "and the 2,067 paragraphs SQuAD's questions were written on)",
     )
     pipeline.add_argument("--run-dir", default="runs/default", help="stage outputs and report.md / report.html")
     pipeline.add_argument("--warm-start", default=MINILM, help="retriever towers and reader to start from")
-    pipeline.add_argument("--qa-train", help="open-QA training questions (JSONL): adds fine-tuning and evaluation")
-    pipeline.add_argument("--qa-dev", help="open-QA dev questions (JSONL)")
+    sets = ", ".join(f"{name}: {train} -> {dev}" for name, (train, dev) in EXPERIMENTS.items())
+    pipeline.add_argument(
+        "--qa-set",
+        choices=[*EXPERIMENTS, "none"],
+        default="squad",
+        help=f"the open-QA experiment after pretraining, fine-tuning questions -> evaluated questions ({sets}); "
+        "none: pretraining only. SQuAD ships with the package; the rest come from pyserini 0.20.0 (PyPI, once)",
+    )
+    named = ", ".join(QUESTION_SETS)
+    pipeline.add_argument(
+        "--qa-train", help=f"open-QA training questions: a JSONL file or a named set ({named}); replaces --qa-set's"
+    )
+    pipeline.add_argument("--qa-dev", help="open-QA questions to evaluate on: a JSONL file or a named set")
     pipeline.add_argument(
         "--qa-articles",
         help="a SQuAD file (.json/.zip) naming each training question's article, for a QA file without 'title's: "
@@ -79,7 +107,8 @@ def add_commands(commands) -> None:
     pipeline.add_argument(
         "--ablations",
         action="store_true",
-        help="also REALM's start retriever alone, uniform masking and a frozen index (needs --qa-train/--qa-dev)",
+        help="also REALM's start retriever alone, uniform masking and a frozen index, each fine-tuned and evaluated "
+        "(needs QA data)",
     )
     pipeline.add_argument(
         "--budget-minutes",

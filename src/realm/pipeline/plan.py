@@ -32,7 +32,7 @@ import torch
 from realm.common.device import default_device, describe_machine
 from realm.common.io import write_json_atomic
 from realm.config import Preset, PretrainConfig, QAConfig, StageCosts
-from realm.data.sources import VITAL_ARTICLES
+from realm.data.sources import SQUAD_PARAGRAPHS, VITAL_ARTICLES
 from realm.pipeline.ablations import ablation_variants
 from realm.pipeline.work import EXAMPLE_POOL
 from realm.recipes.warmup import OWN_BLOCK_READINGS
@@ -669,12 +669,13 @@ def _largest_fitting(fits: Callable[[float], bool], low: float, high: float) -> 
 
 @dataclass(frozen=True)
 class PipelineOptions:
-    inputs: tuple[str, ...] = (VITAL_ARTICLES,)
+    inputs: tuple[str, ...] = (VITAL_ARTICLES, SQUAD_PARAGRAPHS)
     run_dir: Path = Path("runs/default")
     warm_start: str = "minilm"  # both retriever towers and the reader ("random": tests)
     qa_train: Path | None = None
     qa_dev: Path | None = None
     qa_articles: Path | None = None  # a SQuAD file naming each training question's article (tuning_split)
+    dev_set: str | None = None  # the named question set evaluated (data/question_sets.py), for the paper's rows
     ablations: bool = False
     budget_minutes: float | None = None
     progress: bool = True

@@ -17,6 +17,7 @@ from realm.config import PretrainConfig, StageCosts, read_run_config
 from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations, start_retriever
 from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import ReportDocument
+from realm.pipeline.headline import headline
 from realm.pipeline.plan import PipelinePlan, reader_warmup_steps, retrieval_step_seconds, step_kind
 from realm.pipeline.stages import step_seconds
 from realm.recipes.warmup import OWN_BLOCK_READINGS
@@ -499,6 +500,7 @@ def write_report(
     ended = max(record.finished for record in records.values()) if complete and records else time.time()
     budget, warning = budget_line(plan, ended, complete)
     doc.paragraph(budget + (f" {warning}" if warning else ""))
+    headline(doc, r, plan, compared)
     doc.paragraph(
         f"Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `{command}`; this invocation took "
         f"{seconds / 60:.1f} min (stages reused from earlier invocations are not counted). "
@@ -523,6 +525,7 @@ def write_report(
     results.heading(f"Results of `realm pipeline` ({run_dir.name})", 1)
     results.paragraph(f"Command: `{command}`. Written {time.strftime('%Y-%m-%d')} from the run's own records." + status)
     results.paragraph(budget + (f" {warning}" if warning else ""))
+    headline(results, r, plan, compared)
     _configuration(results, r, plan)
     _stages(results, records, plan, run_dir)
     if "qa_start" in r:

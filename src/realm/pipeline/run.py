@@ -245,9 +245,11 @@ class Pipeline:
         evaluated = self.dev_sample()
 
         def work(folder: Path, resume: bool) -> dict:
-            return stage_work.evaluate_systems(
-                self.stages.output(qa, "best"), index_folder, retrievers, self.qa_dev, evaluated, preset, folder
+            best, corpus = self.stages.output(qa, "best"), self.stages.output("corpus")
+            result = stage_work.evaluate_systems(
+                best, corpus, index_folder, retrievers, self.qa_dev, evaluated, preset, folder
             )
+            return result | {"question_set": self.options.dev_set}
 
         settings = {
             "after": [qa.fingerprint, *(s.fingerprint for s, _ in zero_shot.values())],

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from realm.common.io import write_json_atomic
 from realm.config import RUN_CONFIG, record_run_config
-from realm.data.sources import VITAL_ARTICLES
+from realm.data.sources import BUILTIN_CORPORA
 from realm.training import read_metrics
 
 log = logging.getLogger(__name__)
@@ -34,11 +34,11 @@ def fingerprint_of(obj: object) -> str:
 def describe_input(spec: str) -> dict:
     """What identifies an input file: the built-in corpus name, or the file's content digest. Not its path or
     mtime: a moved or re-copied file is the same input, and must not re-run hours of training."""
-    if spec == VITAL_ARTICLES:
+    if spec in BUILTIN_CORPORA:
         return {"builtin": spec}
     path = Path(spec)
     if not path.is_file():
-        raise FileNotFoundError(f"input {spec!r} is not a file (nor {VITAL_ARTICLES!r})")
+        raise FileNotFoundError(f"input {spec!r} is not a file (nor one of {', '.join(BUILTIN_CORPORA)})")
     with path.open("rb") as f:
         digest = hashlib.file_digest(f, "sha256")  # ~0.9 GB/s here: seconds even for a full Wikipedia dump
     return {"sha256": digest.hexdigest(), "bytes": path.stat().st_size}

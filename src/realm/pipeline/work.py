@@ -23,9 +23,10 @@ from realm.data.qa_examples import QAExample, tuning_split
 from realm.data.recoverable import SpanFinder
 from realm.data.sentences import SentenceSet, sentences_path
 from realm.eval.answerer import load_answerer, load_answerers
+from realm.eval.intervals import bootstrap_interval
 from realm.eval.mlm import masked_span_accuracy, worked_examples
 from realm.eval.qa import compare_predictions, evaluate_qa
-from realm.eval.retrieval import recall_at_k
+from realm.eval.retrieval import answer_in_corpus, first_answer_ranks, paired_recall, recall_from_ranks
 from realm.index.build import build_from_retriever
 from realm.index.mips import MipsIndex
 from realm.index.search import open_searcher, search_all
@@ -33,7 +34,7 @@ from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmModel
 from realm.models.retriever import Retriever
 from realm.pipeline.stages import last_metrics
-from realm.recipes.finetune_qa import train_qa
+from realm.recipes.finetune_qa import ANSWER_INDEX_MAX_BLOCKS, train_qa
 from realm.recipes.model_card import write_model_card
 from realm.training import Deadline, read_steps
 
@@ -168,15 +169,49 @@ def split_training_questions(questions: Sequence[QAExample]) -> tuple[list[QAExa
     return train, tuning
 
 
+def zero_shot_ranks(
+    index_dir: Path, retriever_folder: Path, examples: Sequence[QAExample], depth: int, preset: Preset
+) -> list[int | None]:
+    """Per question, the rank of the first answer-bearing block in a retriever's top `depth` over the index its
+    document tower built (None: none there)."""
+
+    index = MipsIndex(index_dir)
+    retriever = Retriever.load(str(retriever_folder), index.retriever_config(preset.retriever))
+    hits = search_all(open_searcher(index, "dense", retriever), [e.question for e in examples], depth)
+    return first_answer_ranks(examples, hits)
+
+
 def zero_shot_recall(
     index_dir: Path, retriever_folder: Path, examples: Sequence[QAExample], ks: Sequence[int], preset: Preset
 ) -> dict[str, float]:
     """recall@k (percent, rounded to 0.01) of a retriever over the index its document tower built."""
+    ranks = zero_shot_ranks(index_dir, retriever_folder, examples, max(ks), preset)
+    return {k: round(v, 2) for k, v in recall_from_ranks(ranks, ks).items()}
 
-    index = MipsIndex(index_dir)
-    retriever = Retriever.load(str(retriever_folder), index.retriever_config(preset.retriever))
-    hits = search_all(open_searcher(index, "dense", retriever), [e.question for e in examples], max(ks))
-    return {k: round(v, 2) for k, v in recall_at_k(examples, hits, ks).items()}
+
+def realm_against_its_start(ranks: dict[str, list[int | None]]) -> dict:
+    """Zero-shot recall of REALM's retriever minus its start's (the retriever before it in stage order: ICT's, or
+    the off-the-shelf one), paired over the same dev questions; {} when the run has no REALM row."""
+    labels = list(ranks)
+    if "REALM" not in labels or labels.index("REALM") == 0:
+        return {}
+    start = labels[labels.index("REALM") - 1]
+    return {"start": start, **paired_recall(ranks["REALM"], ranks[start], RECALL_KS[1:])}
+
+
+def answer_coverage(corpus: Path, dev: Sequence[QAExample]) -> dict | None:
+    """The share of the dev questions whose answer some block of the corpus holds, with its interval; None above
+    the answer index's size (recipes/finetune_qa.py: ANSWER_INDEX_MAX_BLOCKS)."""
+    store = BlockStore(corpus)
+    if len(store) > ANSWER_INDEX_MAX_BLOCKS:
+        return None
+    found = [100.0 * hit for hit in answer_in_corpus(store.column("body"), dev)]
+    low, high = bootstrap_interval(found)
+    return {
+        "percent": round(sum(found) / len(found), 2),
+        "percent_95ci": [round(low, 2), round(high, 2)],
+        "questions": len(found),
+    }
 
 
 def choose_qa_start(
@@ -206,6 +241,7 @@ def choose_qa_start(
 
 def evaluate_systems(
     best: Path,
+    corpus: Path,
     index_folder: Path,
     zero_shot: dict[str, tuple[Path, Path]],
     dev: Sequence[QAExample],
@@ -215,7 +251,8 @@ def evaluate_systems(
 ) -> dict:
     """EM, recall@k and outcomes of the fine-tuned model `best` with each retriever (dense over `index_folder`,
     BM25, hybrid) on the dev questions `evaluated` (the plan's sample of `dev`), the paired EM differences between
-    them; recall@k of each zero-shot retriever (label -> (its index folder, the retriever folder)) on all of `dev`."""
+    them; recall@k of each zero-shot retriever (label -> (its index folder, the retriever folder)) on all of `dev`,
+    REALM's paired against its start's, and the share of `dev` whose answer the `corpus` holds."""
 
     result: dict = {"questions": {"evaluated": len(evaluated), "dev": len(dev), "seed": DEV_SAMPLE_SEED}}
     answerers = load_answerers(str(best), index_folder, preset, SYSTEMS)  # a block two systems retrieve is read once
@@ -225,8 +262,15 @@ def evaluate_systems(
         f"{a} - {b}": compare_predictions(folder / f"predictions_{a}.jsonl", folder / f"predictions_{b}.jsonl")
         for a, b in (("dense", "bm25"), ("hybrid", "bm25"), ("hybrid", "dense"))
     }
-    for label, (index_dir, retriever_folder) in zero_shot.items():
-        result[f"zero_shot/{label}"] = zero_shot_recall(index_dir, retriever_folder, dev, RECALL_KS, preset)
+    ranks = {
+        label: zero_shot_ranks(index_dir, retriever_folder, dev, max(RECALL_KS), preset)
+        for label, (index_dir, retriever_folder) in zero_shot.items()
+    }
+    write_json_atomic(folder / "zero_shot_ranks.json", ranks)  # per dev question, in file order
+    for label, first in ranks.items():
+        result[f"zero_shot/{label}"] = {k: round(v, 2) for k, v in recall_from_ranks(first, RECALL_KS).items()}
+    result["realm_vs_start"] = realm_against_its_start(ranks)
+    result["answer_coverage"] = answer_coverage(corpus, dev)
     write_model_card(best, best.parent, qa_figures(result))
     return result
 

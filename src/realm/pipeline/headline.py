@@ -1,0 +1,115 @@
+"""The report's headline, after its budget line: the run's exact match, what REALM pretraining added over the
+retriever it started from (each figure paired over the same questions, with its 95% interval), and, on a question
+set the paper reports, the paper's Table 1 rows beside ours with the share of questions the corpus can answer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from realm.data.question_sets import PAPER_ROWS, QUESTION_SETS
+from realm.pipeline.document import ReportDocument
+from realm.pipeline.plan import PipelinePlan
+
+
+def _interval(bounds: Sequence[float], signed: bool = True) -> str:
+    low, high = bounds
+    return f"[{low:+.2f}, {high:+.2f}]" if signed else f"[{low:.1f}, {high:.1f}]"
+
+
+def _verdict(low: float, high: float) -> str:
+    return "excludes 0" if low > 0 or high < 0 else "includes 0: no clear change"
+
+
+def realm_added(r: dict, compared: list[list]) -> list[str]:
+    """Sentences, each a paired figure of REALM against its start: exact match (where --ablations fine-tuned both),
+    zero-shot recall over the dev questions, and masked-token accuracy on held-out sentences."""
+    lines = []
+    retriever_row = next((row for row in compared if row[0] == "retriever" and row[4] is not None), None)
+    if retriever_row is not None:
+        difference, interval = retriever_row[4], retriever_row[5]
+        lines.append(
+            f"REALM pretraining changed dev EM by {difference:+.2f} {interval} points: the same fine-tuning from "
+            f"REALM's retriever ({retriever_row[2]}) and from its start ({retriever_row[3]}), dense retrieval."
+        )
+    elif "eval" in r:
+        chosen = r.get("qa_start", {}).get("retriever", "REALM")
+        lines.append(
+            "REALM's effect on exact match is not measured in this run (`--ablations` fine-tunes its start too); "
+            + (
+                "fine-tuning started from REALM's retriever."
+                if chosen == "REALM"
+                else f"fine-tuning started from the {chosen} retriever, which had the better zero-shot recall on the "
+                "tuning split: REALM's retriever is not in the exact match figures."
+            )
+        )
+    paired = r.get("eval", {}).get("realm_vs_start") or {}
+    if paired:
+        at5 = paired["recall@5"]
+        low, high = at5["difference_95ci"]
+        lines.append(
+            f"Zero-shot recall@5 on the dev questions, REALM's retriever minus its start ({paired['start']}): "
+            f"{at5['difference']:+.2f} {_interval((low, high))} points ({_verdict(low, high)}; recall@20: "
+            f"{paired['recall@20']['difference']:+.2f} {_interval(paired['recall@20']['difference_95ci'])})."
+        )
+    scored = r.get("examples", {}).get("with_retrieval")
+    if scored:
+        low, high = scored["retrieval_gain_95ci"]
+        lines.append(
+            f"Held-out masked-token accuracy with REALM's retrieval minus without: {scored['retrieval_gain']:+.2f} "
+            f"{_interval((low, high))} points over {scored['sentences']} sentences ({_verdict(low, high)})."
+        )
+    return lines
+
+
+def headline(doc: ReportDocument, r: dict, plan: PipelinePlan, compared: list[list]) -> None:
+    """The run's answer in a few lines: EM, what REALM added, and the paper's rows where they apply."""
+    ev = r.get("eval")
+    if ev is not None:
+        name = ev.get("question_set")
+        chosen = QUESTION_SETS.get(name) if name else None
+        low, high = ev["hybrid"]["exact_match_95ci"]
+        asked = f"{ev['hybrid']['questions']:,} {chosen.name if chosen else 'dev'} questions"
+        systems = ", ".join(
+            f"{kind} {ev[kind]['exact_match']:.1f} {_interval(ev[kind]['exact_match_95ci'], signed=False)}"
+            for kind in ("dense", "bm25")
+        )
+        doc.paragraph(
+            f"**Open-QA exact match** on {asked}: hybrid retrieval {ev['hybrid']['exact_match']:.1f} "
+            f"{_interval((low, high), signed=False)}; {systems} (95% intervals)."
+        )
+    added = realm_added(r, compared)
+    if added:
+        doc.paragraph("**What REALM added** over the retriever it started from: " + " ".join(added))
+    if ev is not None:
+        paper_rows(doc, ev, plan)
+
+
+def paper_rows(doc: ReportDocument, ev: dict, plan: PipelinePlan) -> None:
+    """The paper's Table 1 column for the evaluated set, beside this run's row, and the answer coverage."""
+    name = ev.get("question_set")
+    chosen = QUESTION_SETS.get(name) if name else None
+    coverage = ev.get("answer_coverage")
+    covered = (
+        f"{coverage['percent']:.1f}% {_interval(coverage['percent_95ci'], signed=False)} of these questions have an "
+        "answer string in some block of this run's corpus (the ceiling of recall at any depth)"
+        if coverage
+        else None
+    )
+    if chosen is None or chosen.paper is None:
+        if covered:
+            doc.paragraph(covered[0].upper() + covered[1:] + ".")
+        return
+    doc.paragraph(
+        f"The paper's Table 1 on {chosen.name} ({chosen.questions:,} questions; test EM; their corpus: Wikipedia's 13M blocks of 288 wordpieces, "
+        "BERT-base towers and reader) beside this run"
+        + (f": {covered}." if covered else ".")
+        + " The paper's systems could answer from all of Wikipedia; compare within a corpus, not across."
+    )
+    ours = (
+        "this run: hybrid retrieval, MiniLM-L6 towers and reader",
+        ev["hybrid"]["exact_match"],
+        "68M (three MiniLM-L6 of 22.7M: query tower, document tower, reader)",
+        f"this run's corpus, {plan.work.blocks:,} blocks of {plan.preset.corpus.max_block_tokens} wordpieces",
+    )
+    rows = [[system, scores[chosen.paper], size, corpus] for system, scores, size, corpus in PAPER_ROWS]
+    doc.table(["system", "test EM", "parameters", "retrieval corpus"], [*rows, list(ours)])
