@@ -13,7 +13,7 @@ import pytest
 
 from realm.config import CorpusConfig
 from realm.data.blocks import build_corpus
-from realm.data.sources import BadRecords, CorpusError, Document, read_documents
+from realm.data.sources import BadRecords, CorpusError, Document, SeenIds, read_documents
 
 # Lines as DPR's psgs_w100.tsv holds them: the header, then passages whose text csv quoted (it holds a quote)
 DPR_LINES = [
@@ -74,3 +74,12 @@ def test_a_tsv_corpus_equals_the_same_passages_as_jsonl(tmp_path, tokenizer):
     from_tsv = build_corpus([str(tsv)], tmp_path / "a", tokenizer, config, progress=False)
     from_jsonl = build_corpus([str(jsonl)], tmp_path / "b", tokenizer, config, progress=False)
     assert from_tsv.fingerprint == from_jsonl.fingerprint and from_tsv.num_blocks == from_jsonl.num_blocks >= 3
+
+
+def test_numeric_ids_are_bits_and_the_rest_a_set():
+    seen = SeenIds()
+    assert seen.add("21015324") and seen.add("1") and seen.add("0") and seen.add("vital:3")
+    assert not seen.add("21015324") and not seen.add("0") and not seen.add("vital:3")
+    assert seen.add("01") and not seen.add("01")  # "01" is not the number 1: a different id, kept as a string
+    assert seen.add("300000000") and not seen.add("300000000")  # beyond the bitmap's range: a string
+    assert len(seen.bits) == 21015324 // 8 + 1 and seen.others == {"vital:3", "01", "300000000"}

@@ -114,3 +114,25 @@ def test_the_pipeline_takes_both_question_files_or_a_set(capsys):
     assert capsys.readouterr().err.strip() == (
         "realm: error: give both --qa-train and --qa-dev, or neither (--qa-set names both)"
     )
+
+
+@pytest.mark.parametrize(
+    "argv, train, dev",
+    [
+        ([], "squad-open-train", "squad-open-dev"),
+        (["--qa-set", "none"], None, None),
+        (["--qa-set", "nq", "--qa-train", "my.jsonl", "--qa-dev", "nq-test"], "my.jsonl", "nq-test"),
+    ],
+)
+def test_the_bare_pipeline_answers_squad_open_questions(argv, train, dev, monkeypatch):
+    """`realm pipeline` alone: the default corpus with SQuAD's paragraphs, and SQuAD-open's questions; the
+    pipeline is given the names (its plan.json records them, never a cache path)."""
+    from realm.pipeline import run
+
+    seen = []
+    monkeypatch.setattr(run.Pipeline, "__init__", lambda self, options, preset: seen.append(options))
+    monkeypatch.setattr(run.Pipeline, "run", lambda self: None)
+    assert main(["pipeline", "--quiet", *argv]) == 0
+    (options,) = seen
+    assert options.inputs == ("vital-articles", "squad-paragraphs")
+    assert (options.qa_train, options.qa_dev) == (train, dev)

@@ -86,6 +86,7 @@ def cmd_eval_beir(args: argparse.Namespace) -> int:
 
 def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     from realm.data.qa_examples import load_qa
+    from realm.data.question_sets import question_file
     from realm.eval.retrieval import recall_at_k
     from realm.index.search import search_all
 
@@ -94,7 +95,7 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     if args.beir:
         return cmd_eval_beir(args)
     ks = args.k
-    examples = load_qa(args.qa)
+    examples = load_qa(question_file(args.qa))
     if args.limit:
         examples = examples[: args.limit]
     started = time.monotonic()
@@ -121,10 +122,11 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
 
 def cmd_eval_qa(args: argparse.Namespace) -> int:
     from realm.data.qa_examples import load_qa
+    from realm.data.question_sets import question_file
     from realm.eval.answerer import load_answerer
     from realm.eval.qa import evaluate_qa
 
-    examples = load_qa(args.qa)[: args.limit]
+    examples = load_qa(question_file(args.qa))[: args.limit]
     answerer = load_answerer(args.model, args.index, resolve_preset(args, "qa"), args.retriever, corpus=args.corpus)
     predictions = Path(args.out) if args.out else None
     result = evaluate_qa(answerer, examples, args.recall_k, predictions, args.exact_match)
@@ -206,7 +208,9 @@ def add_commands(commands) -> None:
     retrieval = evaluate.add_parser(
         "retrieval", help="recall@k of answer-bearing blocks, or BEIR's nDCG@10 and recall@100 of judged documents"
     )
-    retrieval.add_argument("--qa", help="JSONL of {question, answer: [...]} (*.regex.jsonl: regexes)")
+    retrieval.add_argument(
+        "--qa", help="JSONL of {question, answer: [...]} (*.regex.jsonl: regexes), or a named set (e.g. nq-test)"
+    )
     retrieval.add_argument(
         "--beir", help="a BEIR folder (queries.jsonl, qrels/SPLIT.tsv) whose corpus.jsonl is indexed"
     )
@@ -223,7 +227,7 @@ def add_commands(commands) -> None:
 
     eval_qa = evaluate.add_parser("qa", help="open-QA exact match, retrieval recall and a predictions file")
     answerer_options(eval_qa)
-    eval_qa.add_argument("--qa", required=True)
+    eval_qa.add_argument("--qa", required=True, help="a QA JSONL file or a named set (squad-open-dev, nq-test, ...)")
     eval_qa.add_argument("--out", help="also write the predictions JSONL here (answers, outcomes, evidence)")
     eval_qa.add_argument("--recall-k", type=positive_ints, default=[1, 5, 20], help="cut-offs, e.g. 1,5,20")
     eval_qa.add_argument(

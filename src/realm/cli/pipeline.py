@@ -16,7 +16,6 @@ from realm.data.sources import SQUAD_PARAGRAPHS, VITAL_ARTICLES
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     """Every stage from the corpus to the report; a re-run skips what matches and resumes what was cut off."""
-    from realm.data.question_sets import question_file
     from realm.pipeline.plan import PipelineOptions
     from realm.pipeline.run import Pipeline
 
@@ -33,9 +32,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         inputs=tuple(args.inputs),
         run_dir=Path(args.run_dir),
         warm_start=args.warm_start,
-        qa_train=question_file(qa_train) if qa_train else None,
-        qa_dev=question_file(qa_dev) if qa_dev else None,
-        dev_set=qa_dev if qa_dev in QUESTION_SETS else None,
+        qa_train=qa_train,
+        qa_dev=qa_dev,
         qa_articles=Path(args.qa_articles) if args.qa_articles else None,
         ablations=args.ablations,
         budget_minutes=budget,

@@ -45,13 +45,14 @@ def cmd_train_pretrain(args: argparse.Namespace) -> int:
 
 def cmd_train_qa(args: argparse.Namespace) -> int:
     from realm.data.qa_examples import load_qa
+    from realm.data.question_sets import question_file
     from realm.recipes.finetune_qa import train_qa
 
     best = train_qa(
         args.model,
         Path(args.index),
-        load_qa(args.train),
-        load_qa(args.dev),
+        load_qa(question_file(args.train)),
+        load_qa(question_file(args.dev)),
         Path(args.out),
         resolve_preset(args, "qa"),
         resume=args.resume,
@@ -178,8 +179,12 @@ def _qa_command(train) -> None:
         "--reader",
         help="reader warm start in place of the model's own (e.g. an ICT run with minilm: the ICT-only baseline)",
     )
-    qa.add_argument("--train", required=True, help="JSONL {question, answer: [...]} (*.regex.jsonl: regexes)")
-    qa.add_argument("--dev", required=True)
+    qa.add_argument(
+        "--train",
+        required=True,
+        help="JSONL {question, answer: [...]} (*.regex.jsonl: regexes), or a named set (squad-open-train, nq-dev, ...)",
+    )
+    qa.add_argument("--dev", required=True, help="questions that choose the checkpoint: a file or a named set")
     qa.add_argument("--out", required=True)
     qa.add_argument("--epochs", type=positive_int)
     qa.add_argument("--batch-size", type=positive_int)

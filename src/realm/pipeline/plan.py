@@ -672,10 +672,9 @@ class PipelineOptions:
     inputs: tuple[str, ...] = (VITAL_ARTICLES, SQUAD_PARAGRAPHS)
     run_dir: Path = Path("runs/default")
     warm_start: str = "minilm"  # both retriever towers and the reader ("random": tests)
-    qa_train: Path | None = None
-    qa_dev: Path | None = None
+    qa_train: Path | str | None = None  # a QA file, or a named set (data/question_sets.py)
+    qa_dev: Path | str | None = None
     qa_articles: Path | None = None  # a SQuAD file naming each training question's article (tuning_split)
-    dev_set: str | None = None  # the named question set evaluated (data/question_sets.py), for the paper's rows
     ablations: bool = False
     budget_minutes: float | None = None
     progress: bool = True

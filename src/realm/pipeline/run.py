@@ -25,6 +25,7 @@ from realm.common.io import write_json_atomic
 from realm.common.weights import MINILM
 from realm.config import Preset
 from realm.data.qa_examples import QAExample, load_qa
+from realm.data.question_sets import QUESTION_SETS, question_file
 from realm.data.sources import squad_question_titles
 from realm.index.mips import MipsIndex
 from realm.models.mlm_reader import Reader
@@ -66,14 +67,18 @@ class Pipeline:
         if (options.qa_train is None) != (options.qa_dev is None):
             raise ValueError("give both --qa-train and --qa-dev, or neither")
         if options.ablations and options.qa_train is None:
-            raise ValueError("--ablations compares exact match: it needs --qa-train and --qa-dev")
+            raise ValueError(
+                "--ablations compares exact match: it needs QA data (a --qa-set other than none, or --qa-train and --qa-dev)"
+            )
         self.options = options
         self.base_preset = preset
         self.run_dir = Path(options.run_dir)
         self.stages = Stages(self.run_dir, echo, on_finish=lambda: self.report(complete=False))
         self.echo = echo
         articles = squad_question_titles(options.qa_articles)
-        qa_train = load_qa(options.qa_train, articles) if options.qa_train else []
+        # a QA file, or a named set (data/question_sets.py) written once into the cache
+        self.qa_files = [question_file(spec) for spec in (options.qa_train, options.qa_dev) if spec is not None]
+        qa_train = load_qa(self.qa_files[0], articles) if self.qa_files else []
         # what QA fine-tunes on, and the training questions of held-out articles that choose its start and its
         # query tower (split_training_questions)
         self.qa_train, self.qa_held_out = stage_work.split_training_questions(qa_train)
@@ -82,7 +87,7 @@ class Pipeline:
                 f"{options.qa_train}: {len(qa_train)} questions, and no article's questions fit in a fifth of them; "
                 "QA fine-tuning holds out whole articles to choose retrievers on: give more questions or articles"
             )
-        self.qa_dev: list[QAExample] = load_qa(options.qa_dev) if options.qa_dev else []
+        self.qa_dev: list[QAExample] = load_qa(self.qa_files[1]) if self.qa_files else []
         self.plan: PipelinePlan | None = None
         self.began = time.time()  # the report counts this invocation's time from here
 
@@ -203,7 +208,7 @@ class Pipeline:
             "after": [r.fingerprint for r in after],
             "evaluate": len(evaluated) if evaluated is not None else False,
             "reader": str(reader) if reader else None,
-            "data": [describe_input(str(self.options.qa_train)), describe_input(str(self.options.qa_dev))],
+            "data": [describe_input(str(path)) for path in self.qa_files],
             "held_out": self.selection(),
         }
         return self.stages.run(name, settings, work)
@@ -219,7 +224,7 @@ class Pipeline:
             "after": after,
             "fixed": fixed,
             "reader": reader,
-            "data": describe_input(str(self.options.qa_train)),
+            "data": describe_input(str(self.qa_files[0])),
         }
         work = lambda folder, resume: stage_work.choose_qa_start(folders, self.qa_held_out, preset, reader, fixed)  # noqa: E731
         return self.stages.run("qa_start", settings | {"questions": self.selection()}, work)
@@ -249,7 +254,8 @@ class Pipeline:
             result = stage_work.evaluate_systems(
                 best, corpus, index_folder, retrievers, self.qa_dev, evaluated, preset, folder
             )
-            return result | {"question_set": self.options.dev_set}
+            named = str(self.options.qa_dev)
+            return result | {"question_set": named if named in QUESTION_SETS else None}
 
         settings = {
             "after": [qa.fingerprint, *(s.fingerprint for s, _ in zero_shot.values())],
@@ -337,7 +343,7 @@ class Pipeline:
             except ValueError as err:  # e.g. fewer blocks than an ICT batch: the preset's constants will do
                 return {"fallback": str(err)}
 
-        data = [describe_input(str(p)) for p in (self.options.qa_train, self.options.qa_dev) if p]
+        data = [describe_input(str(path)) for path in self.qa_files]
         after = [r.fingerprint for r in (corpus, warm, warm_index) if r]
         settings = {"after": after, "qa": data, **calibration_settings(preset)}
         result = self.stages.run("calibration", settings, work).result
