@@ -144,7 +144,7 @@ def question_file(spec: str | Path) -> Path:
     """A QA file: the path given, or the named set's JSONL (written on first use)."""
     if str(spec) not in QUESTION_SETS:
         return Path(spec)
-    chosen = QUESTION_SETS[str(spec)]
+    chosen = question_set(str(spec))
     target = cache_dir() / "question-sets" / chosen.filename
     if not target.exists():
         if chosen.member is None:

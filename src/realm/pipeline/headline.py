@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from realm.data.question_sets import PAPER_ROWS, QUESTION_SETS
+from realm.data.question_sets import PAPER_ROWS, QUESTION_SETS, QuestionSet
 from realm.pipeline.document import ReportDocument
 from realm.pipeline.plan import PipelinePlan
 
@@ -65,8 +65,7 @@ def headline(doc: ReportDocument, r: dict, plan: PipelinePlan, compared: list[li
     """The run's answer in a few lines: EM, what REALM added, and the paper's rows where they apply."""
     ev = r.get("eval")
     if ev is not None:
-        name = ev.get("question_set")
-        chosen = QUESTION_SETS.get(name) if name else None
+        chosen = QUESTION_SETS.get(ev.get("question_set") or "")
         low, high = ev["hybrid"]["exact_match_95ci"]
         asked = f"{ev['hybrid']['questions']:,} {chosen.name if chosen else 'dev'} questions"
         systems = ", ".join(
@@ -81,13 +80,12 @@ def headline(doc: ReportDocument, r: dict, plan: PipelinePlan, compared: list[li
     if added:
         doc.paragraph("**What REALM added** over the retriever it started from: " + " ".join(added))
     if ev is not None:
-        paper_rows(doc, ev, plan)
+        paper_rows(doc, ev, plan, chosen)
 
 
-def paper_rows(doc: ReportDocument, ev: dict, plan: PipelinePlan) -> None:
-    """The paper's Table 1 column for the evaluated set, beside this run's row, and the answer coverage."""
-    name = ev.get("question_set")
-    chosen = QUESTION_SETS.get(name) if name else None
+def paper_rows(doc: ReportDocument, ev: dict, plan: PipelinePlan, chosen: QuestionSet | None) -> None:
+    """The paper's Table 1 column for the evaluated set (`chosen`: the named set evaluated, None for a user's
+    file), beside this run's row, and the answer coverage."""
     coverage = ev.get("answer_coverage")
     covered = (
         f"{coverage['percent']:.1f}% {_interval(coverage['percent_95ci'], signed=False)} of these questions have an "
