@@ -13,9 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 
-def _run(folder: Path, command: str, em: float, machine: dict | None) -> Path:
+def _run(folder: Path, command: str, em: float, machine: dict | None, code: dict | None = None) -> Path:
     (folder / "stages").mkdir(parents=True)
     plan = {"options": {"command": command}, "budget_minutes": 50.0, "compute_dtype": "float32", "machine": machine}
+    plan |= {"code": code} if code else {}
     (folder / "plan.json").write_text(json.dumps(plan))
     hybrid = {"exact_match": em, "exact_match_95ci": [em - 3, em + 3]}
     records = {
@@ -39,16 +40,17 @@ def _run(folder: Path, command: str, em: float, machine: dict | None) -> Path:
 def test_runs_of_one_command_share_a_table_and_their_records_travel_with_the_page(tmp_path):
     machine = {"cpu": "AMD EPYC", "cores": 2, "cpu_bf16_matmul": False, "gpu": None, "torch": "2"}
     command = "realm pipeline --inputs c.jsonl --qa-train t.jsonl --qa-dev d.jsonl --budget-minutes 50"
-    first = _run(tmp_path / "runs" / "a", f"{command} --run-dir runs/a --quiet", 40.0, machine)
+    code = {"version": "0.1.0", "commit": "0123456789abcdef" * 2 + "01234567", "dirty": True}
+    first = _run(tmp_path / "runs" / "a", f"{command} --run-dir runs/a --quiet", 40.0, machine, code)
     second = _run(tmp_path / "runs" / "b", f"realm pipeline --run-dir runs/b {command[15:]}", 41.5, None)
     assert command_of(json.loads((first / "plan.json").read_text())) == command
     out = tmp_path / "docs" / "results.md"
     assert main(["results", str(first), str(second), "--out", str(out)]) == 0
     page = out.read_text()
     assert page.count(f"## `{command}`") == 1  # one table, a row per run
-    assert "| 2-core AMD EPYC, no bf16; computed in float32 | 2026-11-2" in page
+    assert "| 2-core AMD EPYC, no bf16; computed in float32 | 0123456 + changes | 2026-11-2" in page
     assert "| 40.0 [37.0, 43.0] |" in page and "| 41.5 [38.5, 44.5] |" in page
-    assert "| not recorded (float32) |" in page and "[b](runs/b/results.md)" in page
+    assert "| not recorded (float32) | not recorded |" in page and "[b](runs/b/results.md)" in page
     copied = out.parent / "runs" / "a" / "stages" / "realm_index.json"
     assert json.loads(copied.read_text())["result"]["reused_from"] == "baseline_index/index/versions/v000001"
     assert str(tmp_path) not in "".join(p.read_text() for p in (out.parent / "runs").rglob("*.json"))

@@ -54,9 +54,16 @@ def _questions(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    """docs/results.md from run records (pipeline/results_page.py)."""
+    """docs/results.md from run records (pipeline/results_page.py), or a run checked against its record."""
+    from realm.pipeline.check import check_run
     from realm.pipeline.results_page import write_results_page
 
+    if args.check:
+        if len(args.runs) != 1:
+            raise ValueError("--check takes one run folder")
+        agrees, lines = check_run(Path(args.runs[0]), Path(args.against) if args.against else None)
+        print("\n".join(lines))
+        return 0 if agrees else 1
     out = write_results_page([Path(d) for d in args.runs], Path(args.out))
     print(f"wrote {out} and its records under {out.parent / 'runs'}")
     return 0
@@ -125,5 +132,11 @@ def add_commands(commands) -> None:
     )
     results.add_argument("runs", nargs="+", help="`realm pipeline` run folders (or their copies under docs/runs/)")
     results.add_argument("--out", default="docs/results.md", help="the page; the records are copied to runs/ beside it")
+    results.add_argument(
+        "--check",
+        action="store_true",
+        help="compare one run with the record of the same command (exit 1 where a figure is outside its interval)",
+    )
+    results.add_argument("--against", help="the folder of run records to check against (default: docs/runs)")
     common(results)
     results.set_defaults(run=cmd_results)

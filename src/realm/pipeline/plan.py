@@ -31,6 +31,7 @@ import torch
 
 from realm.common.device import default_device, describe_machine
 from realm.common.io import write_json_atomic
+from realm.common.provenance import describe_code
 from realm.config import Preset, PretrainConfig, QAConfig, StageCosts
 from realm.data.sources import SQUAD_PARAGRAPHS, VITAL_ARTICLES
 from realm.pipeline.ablations import ablation_variants
@@ -447,8 +448,20 @@ def plan_run(
     record["stage_timings"] = stored.get("stage_timings", {}) if kept is not None else {}  # set as each stage begins
     record["calibration"] = calibration["measured"] if calibration else None
     record["machine"] = (kept is not None and stored.get("machine")) or describe_machine()  # the run's first
+    record["code"] = code_of_run(stored if kept is not None else {}, describe_code())
     write_json_atomic(path, {**record, "preset": plan.preset.to_dict(), "options": settings})
     return plan
+
+
+def code_of_run(stored: dict, now: dict) -> dict:
+    """The code a run began with; an invocation that resumed it on other code is listed in `resumed_with`."""
+    first = stored.get("code") or now
+    resumed = list(first.get("resumed_with", []))
+    if {k: now[k] for k in ("commit", "dirty")} != {
+        k: first.get(k) for k in ("commit", "dirty")
+    } and now not in resumed:
+        resumed.append(now)
+    return {**first, "resumed_with": resumed} if resumed else first
 
 
 def step_kind(stage: str) -> str | None:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from realm.common.io import write_atomic
+from realm.common.provenance import describe_commit
 from realm.config import PretrainConfig, StageCosts, read_run_config
 from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations, start_retriever
 from realm.pipeline.curves import CURVES, plot_curves
@@ -24,13 +25,14 @@ from realm.recipes.warmup import OWN_BLOCK_READINGS
 from realm.training import read_metrics
 
 
-def _configuration(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
+def _configuration(doc: ReportDocument, r: dict, plan: PipelinePlan, code: dict | None) -> None:
     preset = plan.preset
     doc.heading("Configuration")
     corpus = r.get("corpus", {})
     doc.table(
         ["setting", "value"],
         [
+            ["code", describe_commit(code)],
             ["preset", preset.name],
             [
                 "budget",
@@ -495,6 +497,7 @@ def write_report(
     status = (
         "" if complete else f" **In progress:** {len(records)} stages done; the Stages table lists those still pending."
     )
+    code = json.loads((run_dir / "plan.json").read_text()).get("code") if (run_dir / "plan.json").is_file() else None
     doc = ReportDocument()
     doc.heading(f"REALM pipeline report: {run_dir.name}", 1)
     ended = max(record.finished for record in records.values()) if complete and records else time.time()
@@ -506,7 +509,7 @@ def write_report(
         f"{seconds / 60:.1f} min (stages reused from earlier invocations are not counted). "
         "Every number below comes from this run's stage records, metrics logs and plan." + status
     )
-    _configuration(doc, r, plan)
+    _configuration(doc, r, plan, code)
     _stages(doc, records, plan, run_dir)
     _curves(doc, run_dir, records)
     if "qa_start" in r:
@@ -526,7 +529,7 @@ def write_report(
     results.paragraph(f"Command: `{command}`. Written {time.strftime('%Y-%m-%d')} from the run's own records." + status)
     results.paragraph(budget + (f" {warning}" if warning else ""))
     headline(results, r, plan, compared)
-    _configuration(results, r, plan)
+    _configuration(results, r, plan, code)
     _stages(results, records, plan, run_dir)
     if "qa_start" in r:
         _qa_start(results, r)

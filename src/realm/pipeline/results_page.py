@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from realm.common.io import write_atomic
+from realm.common.provenance import describe_commit
 from realm.pipeline.document import ReportDocument
 from realm.pipeline.stages import STAGES
 
@@ -70,9 +71,10 @@ def run_row(run_dir: Path, link: str) -> tuple[str, list[str], list[object]]:
         took = f"{minutes:.1f} min of a budget of {budget:g} ({minutes / budget:.2f})"
     else:  # a run recorded before runs kept their beginning and end: its stages' minutes
         took = f"{minutes:.1f} min" + (f" (budget {budget:g})" if budget else "")
-    columns = ["machine", "date", "took", "REALM steps"]
+    columns = ["machine", "code", "date", "took", "REALM steps"]
     row: list[object] = [
         machine_of(plan),
+        describe_commit(plan.get("code")),
         time.strftime("%Y-%m-%d", time.gmtime(finished)) if finished else "unfinished",
         took,
         r.get("realm", {}).get("steps"),
