@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from realm.config import get_preset
-from realm.eval.mlm import _scored, probability_raise  # the report's own scoring pass
+from realm.eval.mlm import probability_raise, scored_batches  # the report's own scoring pass
 from realm.pipeline.work import held_out_scoring
 
 
@@ -23,7 +23,7 @@ def candidates(run: Path, pool: int) -> list[tuple[float, float, str, bool]]:
     model, held_out, store, index, finder = held_out_scoring(run / "corpus", run / "realm", preset)
     k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
     rows = []
-    for _, queries, batch, stats in _scored(model, held_out, store, index, k, tokens, masks, pool, 16):
+    for _, queries, batch, stats in scored_batches(model, held_out, store, index, k, tokens, masks, pool, 16):
         token_lp, valid = stats["token_log_probs"], batch.mask_valid.float()  # (B, K, M), (B, M)
         null, top = (token_lp[:, 0] * valid).sum(-1), (token_lp[:, 1] * valid).sum(-1)  # (B,) log p(y | z, x)
         for b, query in enumerate(queries):

@@ -1,4 +1,4 @@
-"""The mechanism check at full size (recipes/mechanism.py): on a twin corpus of real sentences, does REALM's
+"""The mechanism check at full size (twin_corpus.py): on a twin corpus of real sentences, does REALM's
 masked-LM loss alone raise the twin's recall@1 and make retrieval beat the null document? With MiniLM (the cpu
 preset's towers and reader) or the tiny random models of the CI test; the query tower's projection starts as a
 random rotation of the document tower's, so the twin starts at chance. Figures with 95% intervals over the masked
@@ -18,14 +18,7 @@ import time
 from pathlib import Path
 
 import torch
-
-import realm.models.realm as realm_model
-from realm.common.io import write_json_atomic
-from realm.config import EncoderShape, get_preset
-from realm.models.mlm_reader import Reader
-from realm.models.realm import RealmModel
-from realm.models.retriever import Retriever
-from realm.recipes.mechanism import (
+from twin_corpus import (
     MechanismConfig,
     lead_sentences,
     run_mechanism_check,
@@ -33,13 +26,20 @@ from realm.recipes.mechanism import (
     write_twin_corpus,
 )
 
-SQUAD_PARAGRAPHS = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus" / "squad_dev_paragraphs.jsonl.gz"
+import realm.models.realm as realm_model
+from realm.common.io import write_json_atomic
+from realm.config import EncoderShape, get_preset
+from realm.data.sources import SQUAD_PARAGRAPHS
+from realm.models.mlm_reader import Reader
+from realm.models.realm import RealmModel
+from realm.models.retriever import Retriever
+
 TINY = EncoderShape(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, dropout=0.0)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", default=str(SQUAD_PARAGRAPHS), help="documents whose first sentences are used")
+    parser.add_argument("--corpus", default=SQUAD_PARAGRAPHS, help="documents whose first sentences are used")
     parser.add_argument("--pairs", type=int, default=160)
     parser.add_argument("--model", choices=["minilm", "random"], default="minilm")
     parser.add_argument("--reader-steps", type=int, default=150)

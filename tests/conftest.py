@@ -4,7 +4,7 @@ random QA model with its index, and the HTTP service over it."""
 from __future__ import annotations
 
 import dataclasses
-import gzip
+import hashlib
 import itertools
 import json
 import os
@@ -30,7 +30,12 @@ from realm.config import (
     RetrieverConfig,
 )
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_CORPUS = ROOT / "examples" / "corpus.jsonl"  # 645 vital articles (Wikipedia leads), shipped
+# The corpora a clone fetches or ships, pinned to the project's dev files that every earlier record read
+# (wiki_vital.jsonl.gz, squad_dev_paragraphs.jsonl.gz): sha256 of their documents' [id, title, text] as JSON.
+VITAL_ARTICLES_SHA256 = "1dee1ee464bf6fcfecbc8c9bd01ef382bc758327072118ede72d914b3345667c"
+SQUAD_PARAGRAPHS_SHA256 = "ed8409496e9e4fc0a64d8f16cc8077a12fcb5e930237068e62a86cd31c915d43"  # texts stripped
 TINY_SHAPE = EncoderShape(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 TINY_RETRIEVER = RetrieverConfig(  # the cpu preset's retriever settings at a tiny shape
     proj_dim=16,
@@ -94,6 +99,10 @@ DOCS = [
         "text": "The Moon is Earth's only natural satellite. Neil Armstrong walked on it in 1969.",
     },
 ]
+
+
+def documents_digest(rows: list[list[str]]) -> str:
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
 
 
 def dead_pid() -> int:
@@ -194,10 +203,12 @@ def squad_slice(tmp_path_factory, tokenizer):
     """The first 40 SQuAD dev paragraphs in tiny blocks (158): enough blocks that the dense and BM25 top lists of a
     question part ways."""
     from realm.data.blocks import BlockStore, build_corpus
+    from realm.data.sources import SQUAD_DEV_ZIP, BadRecords, read_documents
 
     folder = tmp_path_factory.mktemp("squad_slice")
-    with gzip.open(SHARED_DATA / "corpus" / "squad_dev_paragraphs.jsonl.gz", "rt") as handle:
-        (folder / "docs.jsonl").write_text("".join(itertools.islice(handle, 40)))
+    docs = itertools.islice(read_documents(str(SQUAD_DEV_ZIP), False, BadRecords()), 40)
+    rows = [json.dumps({"id": d.id, "title": d.title, "text": d.text}) + "\n" for d in docs]
+    (folder / "docs.jsonl").write_text("".join(rows))
     build_corpus([str(folder / "docs.jsonl")], folder / "corpus", tokenizer, TINY_CORPUS, progress=False)
     return BlockStore(folder / "corpus")
 

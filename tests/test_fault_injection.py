@@ -10,7 +10,6 @@ embeddings and search results, the trainer's logged losses. No file a killed wri
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import random
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DOCS, SHARED_DATA
+from conftest import DOCS, EXAMPLE_CORPUS
 
 from realm.data.blocks import BlockStore
 from realm.index.mips import MipsIndex, current_version
@@ -87,8 +86,7 @@ def leftovers(folder: Path) -> list[str]:
 def inputs(tmp_path_factory) -> Path:
     """Vital-articles documents: 500 for a corpus build, 120 for an index, 20 more to add to it."""
     folder = tmp_path_factory.mktemp("faults")
-    with gzip.open(SHARED_DATA / "corpus" / "wiki_vital.jsonl.gz", "rt") as handle:
-        lines = [next(handle) for _ in range(520)]
+    lines = EXAMPLE_CORPUS.read_text(encoding="utf-8").splitlines(keepends=True)[:520]
     (folder / "docs.jsonl").write_text("".join(lines[:500]))
     (folder / "index_docs.jsonl").write_text("".join(lines[:120]))
     (folder / "more.jsonl").write_text(

@@ -54,17 +54,18 @@ def test_every_module_imports_only_from_its_layer_or_below():
 # a function reads top to bottom on a screen or two: the recipes' and the pipeline's loops most of all
 FUNCTION_LINES = {"recipes": 80, "pipeline": 80}
 OTHER_FUNCTION_LINES = 100
+ROOM = 3  # none within this many lines of its limit: room to change one without squeezing it
 
 
-def test_no_function_is_longer_than_its_limit():
+def test_no_function_is_at_its_limit():
     too_long = []
     for path in sorted(PACKAGE.rglob("*.py")):
         limit = FUNCTION_LINES.get(path.relative_to(PACKAGE).parts[0], OTHER_FUNCTION_LINES)
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
-                if lines > limit:
-                    too_long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {lines} > {limit}")
+                if lines >= limit - ROOM:
+                    too_long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {lines} of {limit}")
     assert not too_long, too_long
 
 

@@ -191,7 +191,7 @@ class QAConfig:
 class StageCosts:
     """What a unit of work costs, so `realm pipeline --budget-minutes` can scale step counts to fit: measured on the
     machine before planning (pipeline/calibrate.py); these constants (the 2-core development machine, at 62bcf5a,
-    rounded up: docs/log) only where that cannot run."""
+    rounded up: docs/log/2026-11-23-results-realm-pipeline-in-120-minutes-without-ablations.md) only where that cannot run."""
 
     source: str = "the preset's constants"  # or what measured them
     fixed_seconds: float = 60.0  # after the stages: the report, the process end
@@ -209,7 +209,8 @@ class StageCosts:
     qa_systems_question: float = 0.27
     recall_question: float = 0.01  # zero-shot recall of one question: its query embedded and searched
     # one held-out sentence scored with and without retrieval, each of its salient spans in turn (~2.8): 7.75 min for
-    # 1,000 and the worked examples' pool of 100 (issue 57's run on this machine class, d1c3134)
+    # 1,000 and the worked examples' pool of 100 (d1c3134 on this machine class:
+    # docs/log/2026-11-28-results-training-first-the-50-minute-qa-pipeline-on-a-bf16-cpu-and-in-fp32.md)
     scored_sentence: float = 0.45
     # a trainer's start: model loads, the BM25 index of a hybrid QA run, the first step's allocations
     ict_startup: float = 10.0
@@ -217,8 +218,8 @@ class StageCosts:
     qa_startup: float = 20.0
 
 
-# The same 2-core EPYC class with AVX2 only (every stage in fp32), measured there (docs/log, "Stage costs
-# without bf16"), rounded up; the frozen-index step not measured: the bf16 frozen/refreshing ratio applied.
+# The same 2-core EPYC class with AVX2 only (every stage in fp32), measured there, rounded up; the frozen-index step
+# not measured: the bf16 frozen/refreshing ratio applied (docs/log/2026-11-23-benchmarks-stage-costs-without-bf16-the-plan-on-an-avx2-only-cpu.md)
 FP32_CPU_COSTS = StageCosts(
     source="the preset's fp32 constants (no bf16 matmul here)",
     embed_blocks_per_second=45.0,
@@ -231,7 +232,7 @@ FP32_CPU_COSTS = StageCosts(
     qa_question=0.17,
     qa_systems_question=0.51,
     recall_question=0.02,
-    scored_sentence=0.9,  # held-out scoring and worked examples 16.7 min for 1,100 (docs/log, seventeenth part)
+    scored_sentence=0.9,  # held-out scoring and worked examples: 16.7 min for 1,100 (docs/log/2026-11-28-results-training-first-the-50-minute-qa-pipeline-on-a-bf16-cpu-and-in-fp32.md)
 )
 
 
@@ -276,22 +277,23 @@ PRESETS: dict[str, Preset] = {
         index=IndexConfig(),
         ict=ICTConfig(steps=200, batch_size=32, lr=5e-5, warmup_steps=20, checkpoint_every=50, log_every=5),
         pretrain=PretrainConfig(
-            # docs/log, twelfth part: 1,000 warm-up steps (the reader starts to copy after 600-800), then 100
-            # retrieval steps, in which the query tower trains
+            # 1,000 warm-up steps (the reader starts to copy after 600-800), then 100 retrieval steps, in which the
+            # query tower trains (docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md)
             steps=1100,
             batch_size=8,
             lr=1e-4,
             head_lr_multiplier=10.0,
             warmup_steps=20,
-            # docs/log, fifteenth part: at 1e-5 the query tower fell below MiniLM's zero-shot recall (-0.60 on
-            # SQuAD); at 3e-6 it never did and gained a little on three question sets, the held-out gain no lower
+            # at 1e-5 the query tower fell below MiniLM's zero-shot recall (-0.60 on SQuAD); at 3e-6 it never did and
+            # gained a little on three question sets, the held-out gain no lower (docs/log/2026-11-27-results-the-query-tower-s-learning-rate-in-realm-pretraining-paired-from-one.md)
             retriever_lr=3e-6,
             doc_tower="fixed",
             null_warmup_steps=1000,
-            # docs/log, "A reader that copies": the warm-up reads the sentence's own block, whole or without the
-            # sentence, and each candidate is also scored alone, so that the reader learns to use a block
+            # the warm-up reads the sentence's own block, whole or without the sentence, and each candidate is also
+            # scored alone, so that the reader learns to use a block (docs/log/2026-11-26-results-a-reader-that-copies-the-copy-warm-ups-tenth-part-fp32.md)
             reader_warmup="copy+context",
-            reader_warmup_window=24,  # 24 words each side of the sentence: cheaper steps, as good a reader (twelfth part)
+            # 24 words each side of the sentence: cheaper steps, as good a reader (docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md)
+            reader_warmup_window=24,
             reader_loss="marginal+candidates",
             num_candidates=4,
             max_masks=10,
@@ -306,7 +308,8 @@ PRESETS: dict[str, Preset] = {
         qa=QAConfig(
             epochs=1,
             batch_size=8,
-            lr=1e-4,  # docs/log: one epoch at 1e-4 from MiniLM reached 44.8 EM dense, 50.1 with BM25
+            # one epoch at 1e-4 from MiniLM reached 44.8 EM dense, 50.1 with BM25 (docs/log/2026-11-23-results-open-qa-fine-tuning-the-reader-s-normalisation-and-one-epoch-from.md)
+            lr=1e-4,
             head_lr_multiplier=10.0,
             retriever_lr=1e-5,
             beam=100,
@@ -317,8 +320,9 @@ PRESETS: dict[str, Preset] = {
             log_every=5,
         ),
         fp32_costs=FP32_CPU_COSTS,
-        pipeline_budget_minutes=70,  # buys 1,000 warm-up steps on a slow 2-core fp32 machine (docs/log, twelfth part)
-        pipeline_ict=False,  # docs/log, "The README main command without ICT": its minutes buy REALM steps
+        # buys 1,000 warm-up steps on a slow 2-core fp32 machine (docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md)
+        pipeline_budget_minutes=70,
+        pipeline_ict=False,  # its minutes buy REALM steps (docs/log/2026-11-26-results-the-readme-main-command-without-ict-ict-steps-0-fp32.md)
     ),
     "paper": Preset(
         name="paper",
@@ -332,11 +336,11 @@ PRESETS: dict[str, Preset] = {
 
 def _gpu_sized(cpu: Preset, scale: int = 4) -> Preset:
     """The cpu preset's recipe with `scale` times the sentences, contexts and blocks a step, for one GPU: a cpu-sized
-    step (8 sentences x 4 candidates) leaves an H200 idle whatever the host does (docs/log). The same model, corpus
+    step (8 sentences x 4 candidates) leaves an H200 idle whatever the host does (docs/log/2026-11-26-results-retrieval-steps-on-a-gpu-how-far-more-of-them-go-fourth-part.md). The same model, corpus
     and examples seen: steps divided by `scale`, learning rates multiplied by its square root (Adam's square-root
     rule, Malladi et al. 2022), and REALM reads the paper's 8 candidates. QA doubles its batch only: its warm-up is
     ORQA's at least 100 steps, which a shorter run would spend mostly warming up. Not yet measured against the cpu
-    recipe on a GPU (issue 61's check does)."""
+    recipe on a GPU (`scripts/gpu_run.sh check` does)."""
 
     def root(lr: float, factor: float = scale) -> float:  # lr x sqrt(factor), to 3 significant digits
         return float(f"{lr * math.sqrt(factor):.3g}")

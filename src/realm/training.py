@@ -142,8 +142,8 @@ T = TypeVar("T")
 
 def prefetch_depth(device: torch.device) -> int:
     """How many batches (their model-independent part) are built ahead of the step, in a background thread:
-    $REALM_PREFETCH, else 2 on a GPU, whose steps would otherwise wait on the host, and 1 on a CPU (docs/log:
-    measured on 2 cores)."""
+    $REALM_PREFETCH, else 2 on a GPU, whose steps would otherwise wait on the host, and 1 on a CPU (measured on 2 cores:
+    docs/log/2026-11-28-benchmarks-batches-built-ahead-issue-61.md)."""
     value = os.environ.get(PREFETCH_ENV, "").strip()
     if not value:
         return 2 if device.type == "cuda" else 1

@@ -9,11 +9,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import DOCS, SHARED_DATA, TINY_CORPUS, dead_pid
+from conftest import DOCS, SQUAD_PARAGRAPHS_SHA256, TINY_CORPUS, dead_pid, documents_digest
 
 from realm.config import CorpusConfig
 from realm.data.blocks import META, BlockSplitter, BlockStore, build_corpus
-from realm.data.sources import BadRecords, Columns, CorpusError, Document, read_documents
+from realm.data.sources import SQUAD_DEV_ZIP, BadRecords, Columns, CorpusError, Document, read_documents
 
 
 def _nonspace(text: str) -> str:
@@ -147,12 +147,13 @@ def test_refuses_to_write_into_a_foreign_folder(tmp_path, docs_file, tokenizer):
     assert (tmp_path / "mine" / "thesis.tex").read_text() == "precious"
 
 
-def test_squad_zip_matches_shared_paragraphs():
-    docs = list(read_documents(str(SHARED_DATA / "raw" / "squad-dev-v1.1.json.zip"), False, BadRecords()))
-    with gzip.open(SHARED_DATA / "corpus" / "squad_dev_paragraphs.jsonl.gz", "rt") as handle:
-        shared = [json.loads(line) for line in handle]
-    assert len(docs) == len(shared) == 2067
-    assert [(d.id, d.title, d.text) for d in docs[:50]] == [(s["id"], s["title"], s["text"]) for s in shared[:50]]
+def test_the_shipped_squad_zip_gives_the_paragraphs_every_record_used():
+    """SQuAD v1.1 dev's 2,067 paragraphs, read from the zip shipped with the package: the project's dev corpus file
+    `squad_dev_paragraphs.jsonl.gz`, which stripped the leading space six paragraphs have (ours keeps it)."""
+    docs = list(read_documents(str(SQUAD_DEV_ZIP), False, BadRecords()))
+    assert len(docs) == 2067 and docs[0].id == "squad:0:0" and docs[0].title == "Super Bowl 50"
+    assert sum(d.text != d.text.strip() for d in docs) == 6
+    assert documents_digest([[d.id, d.title, d.text.strip()] for d in docs]) == SQUAD_PARAGRAPHS_SHA256
 
 
 def test_squad_json_and_bad_squad(tmp_path):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import SHARED_DATA, build_tiny_index
+from conftest import build_tiny_index
 
 from realm.data.qa_examples import load_qa
+from realm.data.question_sets import question_file
 from realm.index.mips import MipsIndex
 from realm.index.search import HYBRID_POOL, BM25Searcher, DenseSearcher, HybridSearcher, union_candidates
 
@@ -54,7 +55,7 @@ def test_the_hybrid_top_blocks_do_not_depend_on_how_many_are_asked_for(tmp_path,
     build_tiny_index(squad_slice, tiny_retriever, tmp_path / "index")
     index = MipsIndex(tmp_path / "index")
     hybrid = HybridSearcher(DenseSearcher(index, tiny_retriever, squad_slice), BM25Searcher(squad_slice), 4.0)
-    questions = [e.question for e in load_qa(SHARED_DATA / "qa" / "squad_open_dev.jsonl")[:100]]
+    questions = [e.question for e in load_qa(question_file("squad-open-dev"))[:100]]
     deep = hybrid.batch_search(questions, 20)
     for k in (1, 3, 5):
         shallow = hybrid.batch_search(questions, k)

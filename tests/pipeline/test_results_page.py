@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from realm.cli.main import main
 from realm.pipeline.results_page import command_of, write_results_page
@@ -74,3 +77,54 @@ def test_docs_results_regenerates_from_the_committed_records_and_the_readme_agre
         record = re.search(r"\]\((docs/runs/[^)]+)\)", row)
         assert figure and figure[0] in (DOCS / "results.md").read_text(), row
         assert record and (ROOT / record[1]).is_file(), row
+
+
+def _checked(folder: Path, em: float, share: float, code: dict | None = None) -> Path:
+    """A finished run of the bare command: its budget share, EM with an interval of +-3, a recall gain."""
+    run = _run(folder, "realm pipeline", em, {"cpu": "AMD EPYC", "cores": 2, "cpu_bf16_matmul": False, "gpu": None})
+    plan = json.loads((run / "plan.json").read_text())
+    plan |= {"began": 1795827714.0 - share * 50 * 60, "code": code}
+    (run / "plan.json").write_text(json.dumps(plan))
+    record = json.loads((run / "stages" / "eval.json").read_text())
+    gain = {"recall@5": {"difference": 0.1, "difference_95ci": [-0.3, 0.5]}}
+    record["result"] |= {"realm_vs_start": {"start": "off-the-shelf", **gain}}
+    (run / "stages" / "eval.json").write_text(json.dumps(record))
+    return run
+
+
+def test_a_rerun_is_checked_against_the_record_of_its_command(tmp_path, capsys):
+    """pyserini's 2CR: a README command's figures, and a checker that says whether a user's run agrees: each figure
+    within the recorded 95% interval, and the budget kept."""
+    code = {"version": "0.1.0", "commit": "f" * 40, "dirty": False}
+    records = tmp_path / "docs" / "runs"
+    _checked(records / "default", 51.0, 0.98, code)
+    _run(records / "other", "realm pipeline --qa-set nq", 2.0, None)
+    args = ["results", "--check", "--against", str(records)]
+    assert main([*args, str(_checked(tmp_path / "mine", 49.5, 0.97))]) == 0
+    out = capsys.readouterr().out
+    assert "against " + str(records / "default") in out and "code fffffff" in out
+    assert re.search(r"exact match, hybrid +49\.50 +48\.00 to 54\.00 \(recorded 51\.00\) +agrees", out), out
+    assert out.rstrip().endswith("agrees: each of 3 figures within the recorded interval (the budget kept)")
+    assert main([*args, str(_checked(tmp_path / "low", 41.0, 1.02))]) == 1
+    out = capsys.readouterr().out
+    assert "does not agree: share of the budget taken 1.02, expected at most 1.00 (recorded 0.98); " in out
+    assert "exact match, hybrid 41.00, expected 48.00 to 54.00 (recorded 51.00)" in out
+    assert main([*args, str(_run(tmp_path / "wq", "realm pipeline --qa-set wq", 20.0, None))]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("realm: error: no record of `realm pipeline --qa-set wq` under ") and "recorded commands" in err
+    )
+
+
+def test_the_readme_rows_records_name_commits_this_history_holds():
+    """Which code produced a README row: its record names the commit, and main's history holds that commit."""
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse"], capture_output=True).returncode:
+        pytest.skip("not a git checkout: no history to look the commits up in")
+    readme = (ROOT / "README.md").read_text()
+    records = re.findall(r"\]\((docs/runs/[^)]+)/results\.md\)", readme.split("## What today's commands give")[1])
+    assert records
+    for record in records:
+        code = json.loads((ROOT / record / "plan.json").read_text()).get("code") or {}
+        assert code.get("commit") and code.get("dirty") is False, f"{record}: {code}"
+        ancestor = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor", code["commit"], "HEAD"])
+        assert ancestor.returncode == 0, f"{record}: {code['commit']} is not in this history"

@@ -9,10 +9,11 @@ import shutil
 
 import pytest
 import torch
-from conftest import SHARED_DATA, TINY_CORPUS, TINY_QA, TINY_QA_PRESET, save_tiny_qa
+from conftest import TINY_CORPUS, TINY_QA, TINY_QA_PRESET, save_tiny_qa
 
 from realm.cli.main import main
 from realm.data.qa_examples import QAExample, is_exact_match, load_qa, normalize_answer
+from realm.data.question_sets import question_file
 from realm.eval.answerer import Answerer, load_answerer, load_answerers
 from realm.index.search import BM25Searcher, DenseSearcher, HybridSearcher
 from realm.models.orqa import DEFAULT_BM25_WEIGHT, joint_log_probs, marginal_answer_log_likelihood, qa_loss
@@ -161,7 +162,7 @@ def test_eval_qa_reads_the_blocks_ask_reads(tmp_path, squad_slice, tokenizer):
     from realm.eval.qa import evaluate_qa
 
     model_dir, index_dir = save_tiny_qa(squad_slice, tokenizer, tmp_path)
-    questions = load_qa(SHARED_DATA / "qa" / "squad_open_dev.jsonl")[:100]
+    questions = load_qa(question_file("squad-open-dev"))[:100]
     for retriever in ("dense", "bm25", "hybrid"):
         answerer = load_answerer(str(model_dir), index_dir, PRESET, retriever)
         evaluate_qa(answerer, questions, (1, 20), tmp_path / f"{retriever}.jsonl")
@@ -177,7 +178,7 @@ def test_systems_sharing_reads_answer_as_each_alone(tmp_path, squad_slice, token
     """The evaluation's dense, BM25 and hybrid answerers share what the reader read: each (question, block) is
     read once, and every answer, its score and evidence is what that system gives alone."""
     model_dir, index_dir = save_tiny_qa(squad_slice, tokenizer, tmp_path)
-    questions = [q.question for q in load_qa(SHARED_DATA / "qa" / "squad_open_dev.jsonl")[:40]]
+    questions = [q.question for q in load_qa(question_file("squad-open-dev"))[:40]]
     shared = load_answerers(str(model_dir), index_dir, PRESET, SYSTEMS)
     model = shared["dense"].model
     rows_read: list[int] = []

@@ -30,8 +30,9 @@ def cmd_corpus_build(args: argparse.Namespace) -> int:
 
 def cmd_qa_split(args: argparse.Namespace) -> int:
     from realm.data.qa_examples import split_qa_file
+    from realm.data.question_sets import question_file
 
-    train, dev, n_train, n_dev = split_qa_file(args.input, args.dev_fraction, args.out)
+    train, dev, n_train, n_dev = split_qa_file(question_file(args.input), args.dev_fraction, args.out)
     print(f"{args.input}: {n_train} questions -> {train}, {n_dev} -> {dev}")
     return 0
 
@@ -55,9 +56,15 @@ def add_commands(commands) -> None:
     build.set_defaults(run=cmd_corpus_build)
 
     qa = commands.add_parser("qa", help="question-answer files").add_subparsers(dest="action", required=True)
-    split = qa.add_parser("split", help="split off a dev part (by a hash of each question) for tuning")
-    split.add_argument("input", help="JSONL {question, answer: [...]} (*.regex.jsonl: regexes)")
-    split.add_argument("--dev-fraction", type=float, default=0.2)
+    split = qa.add_parser("split", help="split off a dev part for tuning (whole articles where questions name them)")
+    split.add_argument("input", help="JSONL {question, answer: [...]} (*.regex.jsonl: regexes), or a named set")
+    split.add_argument(
+        "--dev-fraction",
+        type=float,
+        default=0.2,
+        help="the share of questions in dev (default 0.2): whole articles where questions name theirs (`title`), "
+        "else single questions, chosen by a hash of each",
+    )
     split.add_argument("--out", required=True, help="folder for train.jsonl and dev.jsonl (.regex.jsonl for regexes)")
     common(split)
     split.set_defaults(run=cmd_qa_split)

@@ -228,35 +228,42 @@ def tuning_split(examples: Sequence[QAExample]) -> tuple[list[QAExample], list[Q
     """(what trains, the tuning split), each in file order: whole articles, taken in the order of a seeded hash of
     their title while they fit in a TUNING_SHARE-th of the questions. A question whose file names no article is
     an article of its own. Settings are chosen on the tuning split, never on the sets a run reports."""
+    held = held_out_articles(examples, len(examples) // TUNING_SHARE)
+    return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
+
+
+def held_out_articles(examples: Sequence[QAExample], room: int) -> set[int]:
+    """The indices of whole articles, taken in the order of a seeded hash of their title while they fit in `room`
+    questions; a question whose file names no article is an article of its own."""
     articles: dict[str, list[int]] = {}
     for i, example in enumerate(examples):
         articles.setdefault(example.article or f"question: {example.question}", []).append(i)
     order = sorted(articles, key=lambda a: hashlib.sha256(f"{TUNING_SEED}:{a}".encode()).hexdigest())
-    room, held = len(examples) // TUNING_SHARE, set()
+    held: set[int] = set()
     for article in order:
         if len(articles[article]) <= room:
             held.update(articles[article])
             room -= len(articles[article])
-    return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
+    return held
 
 
 def split_qa_file(path: str | Path, dev_fraction: float, out_dir: str | Path) -> tuple[Path, Path, int, int]:
-    """Split a QA file into train and dev parts by a hash of each question (so the split never depends on line
-    order and the same question always lands on the same side), lines copied as they are. Writes
-    out_dir/train.jsonl and out_dir/dev.jsonl (`.regex.jsonl` for regex answers); returns the two paths and
-    their sizes."""
+    """Split a QA file into train and dev parts, lines copied as they are: dev holds `dev_fraction` of the questions
+    (as near as whole articles allow), whole articles where the questions name theirs (`title`), else single
+    questions, chosen by a hash of each (so the split never depends on line order). Writes out_dir/train.jsonl and
+    out_dir/dev.jsonl (`.regex.jsonl` for regex answers); returns the two paths and their sizes."""
     if not 0 < dev_fraction < 1:
         raise ValueError(f"--dev-fraction must be between 0 and 1, not {dev_fraction}")
     path, out_dir = Path(path), Path(out_dir)
     examples = load_qa(path)  # validates every line first, naming the bad one
     suffix = ".regex.jsonl" if examples[0].regex else ".jsonl"
-    parts: dict[str, list[str]] = {"train": [], "dev": []}
     with open_text(path) as lines:
-        for line in lines:
-            if line.strip():
-                question = json.loads(line)["question"].strip()
-                bucket = int(hashlib.sha256(question.encode()).hexdigest()[:8], 16) / 2**32
-                parts["dev" if bucket < dev_fraction else "train"].append(line.rstrip("\n") + "\n")
+        rows = [line.rstrip("\n") + "\n" for line in lines if line.strip()]
+    dev = held_out_articles(examples, round(dev_fraction * len(examples)))
+    parts = {
+        "train": [r for i, r in enumerate(rows) if i not in dev],
+        "dev": [r for i, r in enumerate(rows) if i in dev],
+    }
     written = []
     for name, rows in parts.items():
         if not rows:

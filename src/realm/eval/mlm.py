@@ -51,7 +51,7 @@ def masked_queries(
 
 
 @torch.no_grad()
-def _scored(
+def scored_batches(
     model: RealmModel,
     sentences: SentenceSet,
     store: BlockStore,
@@ -122,7 +122,7 @@ def masked_span_accuracy(
     gains: list[float] = []  # per span: correct tokens with retrieval minus with the null document alone
     masks: list[int] = []  # per span: its masked tokens
     groups: list[str] = []  # per span: which of RECOVERABILITY it falls in
-    for batch_rows, queries, batch, stats in _scored(
+    for batch_rows, queries, batch, stats in scored_batches(
         model, sentences, store, index, num_candidates, query_max_tokens, max_masks, limit, batch_size, every_span
     ):
         hits = stats["correct"]  # (B, M) bool, False on padding
@@ -215,7 +215,7 @@ def worked_examples(
     such examples too."""
     tokenizer = model.retriever.tokenizer
     scored: list[tuple[float, WorkedExample]] = []
-    for _, queries, batch, stats in _scored(
+    for _, queries, batch, stats in scored_batches(
         model, sentences, store, index, num_candidates, query_max_tokens, max_masks, pool, batch_size
     ):
         log_pz, token_lp, valid = stats["log_pz"], stats["token_log_probs"], batch.mask_valid.float()  # (B,K) (B,K,M)

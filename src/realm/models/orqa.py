@@ -51,7 +51,7 @@ def marginal_answer_log_likelihood(log_joint: torch.Tensor, match: torch.Tensor)
 FUSION_FILE = "fusion.json"
 # The hybrid retriever's BM25 weight before fine-tuning learns it: the maximum-likelihood w of the answer-bearing
 # blocks among the union candidates for squad_open_train questions, with the MiniLM warm start and stemmed BM25
-# (docs/log, "BM25 with stemming": 1.0; it was 0.8 with exact word forms).
+# (1.0; it was 0.8 with exact word forms: docs/log/2026-11-23-results-bm25-with-stemming.md).
 DEFAULT_BM25_WEIGHT = 1.0
 
 

@@ -22,7 +22,7 @@ BUDGET_KEPT = 1.0  # a run's share of its budget: the budget is a deadline
 class Figure:
     name: str
     value: float
-    interval: tuple[float, float] | None  # the 95% interval, where the run measured one
+    interval: tuple[float, float] | None  # the 95% interval; None: the budget's share, which must be at most 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +70,9 @@ def run_figures(run_dir: Path) -> dict[str, Figure]:
         found.append(Figure("share of the budget taken", share, None))
     ev = r.get("eval", {})
     for system in ("hybrid", "dense", "bm25"):
-        if system in ev:
+        if ev.get(system, {}).get("exact_match_95ci"):  # records before every system had its interval: hybrid
             em = ev[system]
-            found.append(Figure(f"exact match, {system}", em["exact_match"], _interval(em.get("exact_match_95ci"))))
+            found.append(Figure(f"exact match, {system}", em["exact_match"], _interval(em["exact_match_95ci"])))
     for k, gain in ev.get("realm_vs_start", {}).items():
         if k.startswith("recall@"):
             name = f"REALM minus its start, zero-shot {k}"

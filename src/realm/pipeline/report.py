@@ -19,7 +19,7 @@ from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ab
 from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import ReportDocument
 from realm.pipeline.headline import headline
-from realm.pipeline.plan import PipelinePlan, reader_warmup_steps, retrieval_step_seconds, step_kind
+from realm.pipeline.plan import WARMUP_FINDING, PipelinePlan, reader_warmup_steps, retrieval_step_seconds, step_kind
 from realm.pipeline.stages import step_seconds
 from realm.recipes.warmup import OWN_BLOCK_READINGS
 from realm.training import read_metrics
@@ -86,7 +86,7 @@ def pretraining_setting(cfg: PretrainConfig, reading_minutes: float | None = Non
     )
     if cfg.reader_warmup in OWN_BLOCK_READINGS and cfg.null_warmup_steps < (needed := reader_warmup_steps(cfg)):
         needs = f": a budget of about {math.ceil(reading_minutes)} min gives it them" if reading_minutes else ""
-        warmup += f" (fewer than the {needed:,} the held-out gain needed in docs/log, twelfth part{needs})"
+        warmup += f" (fewer than the {needed:,} the held-out gain needed in {WARMUP_FINDING}{needs})"
     return (
         f"{cfg.steps} steps, batch {cfg.batch_size}, lr {cfg.lr:g}, {cfg.num_candidates} candidates incl. null, "
         f"{cfg.masking} masking, "
@@ -228,7 +228,7 @@ SYSTEM_LABELS = {
 }
 READER_REASONS = {
     "warm start": "the pipeline's default, not measured in this run: with the retriever fixed, REALM's masked-LM "
-    "reader was no better a start (docs/log, nineteenth part, 2026-11-28: -1.04 EM [-2.77, +0.75] after 300 "
+    "reader was no better a start (docs/log/2026-11-28-results-honest-numbers-the-choices-re-measured-on-a-tuning-split-nineteenth.md: -1.04 EM [-2.77, +0.75] after 300 "
     "QA steps, on the tuning split's 1,732 questions; earlier, on dev, -7.09 [-8.89, -5.35])",
     "REALM": "the ablations measure REALM pretraining, its reader included",
 }
@@ -378,6 +378,8 @@ def _held_out_part(examples: dict) -> str:
 
 
 def _examples(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
+    """Masked-token accuracy on held-out sentences with and without retrieval, by where the span is; then the
+    worked examples."""
     ex, scored = r["examples"], r["examples"]["with_retrieval"]
     doc.heading("Does retrieval help the language model? (held-out sentences)")
     doc.table(
@@ -424,6 +426,11 @@ def _examples(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
             f"Held-out sentences with a maskable salient span: {ex['held_out_sentences']:,} of "
             f"{ex['held_out_sentences_tagged']:,}{_held_out_part(ex)}; the others have nothing to mask and are left out."
         )
+    _worked_examples(doc, ex)
+
+
+def _worked_examples(doc: ReportDocument, ex: dict) -> None:
+    """The paper's Table 3: held-out sentences, the block retrieval chose and what it did to the masked span."""
     doc.heading("Worked examples (like the paper's Table 3)")
     doc.paragraph(
         f"The {len(ex['examples'])} of the first {ex['pool']} held-out sentences where the top retrieved block "

@@ -42,7 +42,7 @@ RECALL_KS = (1, 5, 20)
 EXAMPLE_POOL = 100  # held-out sentences searched for the worked examples
 # held-out sentences with a salient span are scored (a seeded sample of them where the plan sizes one), each of its
 # spans in turn (~2.8 a sentence): the gain's interval over 984 sentences is +-0.25 points against +-0.45 with one
-# span each (docs/log)
+# span each (docs/log/2026-11-26-results-retrieval-steps-on-a-gpu-how-far-more-of-them-go-fourth-part.md)
 SCORING: dict[str, Any] = {"every_span": True, "sample_seed": 0}
 DEV_SAMPLE_SEED = 0
 

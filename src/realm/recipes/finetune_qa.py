@@ -47,6 +47,7 @@ from realm.training import (
     DataPosition,
     Deadline,
     Dist,
+    LinearSchedule,
     MetricsLog,
     Prefetched,
     ScheduledLR,
@@ -97,9 +98,14 @@ def qa_questions(
 
 
 def qa_batches(
-    train: Sequence[QAExample], start: DataPosition, cfg: QAConfig, tokenizer: PreTrainedTokenizerBase,
-    max_tokens: int, answers: AnswerBlocks | None, d: Dist,
-) -> Iterator[tuple[DataPosition, QAQuestions]]:  # fmt: skip
+    train: Sequence[QAExample],
+    start: DataPosition,
+    cfg: QAConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    max_tokens: int,
+    answers: AnswerBlocks | None,
+    d: Dist,
+) -> Iterator[tuple[DataPosition, QAQuestions]]:
     """This rank's questions from `start` on, each batch with the data position after it."""
     tokenizer = copy.deepcopy(tokenizer)  # the building thread's own
     for position, _, local in DataOrder(len(train), cfg.seed).batches(start, cfg.batch_size, d):
@@ -286,10 +292,15 @@ def train_qa(
                     )
     if d.main:
         log.info("best dev exact match %.2f: %s", best_em, json.loads((out / BEST / "dev.json").read_text()))
-        planned = {"steps": total, "lr_warmup": cfg.warmup_steps(total), "decay_from": cfg.decay_from}
-        lengths = {"steps": schedule.total, "lr_warmup": schedule.warmup, "decay_from": schedule.decay_from}
-        record_steps(out, planned, lengths, deadline)
+        _record_trained(out, cfg, total, schedule, deadline)
     return out / BEST
+
+
+def _record_trained(out: Path, cfg: QAConfig, total: int, schedule: LinearSchedule, deadline: Deadline | None) -> None:
+    """steps.json: the steps and warm-up planned and trained (the deadline may end them)."""
+    planned = {"steps": total, "lr_warmup": cfg.warmup_steps(total), "decay_from": cfg.decay_from}
+    lengths = {"steps": schedule.total, "lr_warmup": schedule.warmup, "decay_from": schedule.decay_from}
+    record_steps(out, planned, lengths, deadline)
 
 
 def qa_model_over(

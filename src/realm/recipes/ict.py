@@ -86,9 +86,15 @@ def make_ict_batch(
 
 
 def ict_batches(
-    titles: list[str], bodies: list[str], usable: np.ndarray, corpus_config: CorpusConfig, start: DataPosition,
-    preset: Preset, tokenizer: PreTrainedTokenizerBase, d: Dist,
-) -> Iterator[tuple[DataPosition, Batch]]:  # fmt: skip
+    titles: list[str],
+    bodies: list[str],
+    usable: np.ndarray,
+    corpus_config: CorpusConfig,
+    start: DataPosition,
+    preset: Preset,
+    tokenizer: PreTrainedTokenizerBase,
+    d: Dist,
+) -> Iterator[tuple[DataPosition, Batch]]:
     """This rank's batches of the `usable` blocks (of a corpus's `titles` and `bodies`) from `start` on, each with
     the data position after it. A batch depends on the data order and each example's seeded randomness alone, so it
     can be built ahead of the step (training.Prefetched)."""

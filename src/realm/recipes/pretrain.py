@@ -45,6 +45,7 @@ from realm.training import (
     DataPosition,
     Deadline,
     Dist,
+    LinearSchedule,
     MetricsLog,
     Prefetched,
     ScheduledLR,
@@ -271,11 +272,18 @@ def train_pretrain(
         metrics_log.close()
         builder.stop(finished=step >= schedule.total)
     if d.main:
-        planned = {"steps": cfg.steps, "null_warmup_steps": cfg.null_warmup_steps, "decay_from": cfg.decay_from}
-        lengths = {"steps": schedule.total, "null_warmup_steps": schedule.flat_until, "decay_from": schedule.decay_from}
-        record_steps(run.out, planned, lengths, deadline)
-        run.save(model)
+        _save_trained(run, model, cfg, schedule, deadline)
     return run.out
+
+
+def _save_trained(
+    run: PretrainRun, model: RealmModel, cfg: PretrainConfig, schedule: LinearSchedule, deadline: Deadline | None
+) -> None:
+    """The trained model, and steps.json: the steps each phase planned and trained (the deadline may end them)."""
+    planned = {"steps": cfg.steps, "null_warmup_steps": cfg.null_warmup_steps, "decay_from": cfg.decay_from}
+    lengths = {"steps": schedule.total, "null_warmup_steps": schedule.flat_until, "decay_from": schedule.decay_from}
+    record_steps(run.out, planned, lengths, deadline)
+    run.save(model)
 
 
 class IndexSide(NamedTuple):

@@ -1,4 +1,4 @@
-"""The mechanism check: does REALM's masked-LM loss alone teach the retriever where a masked span is?
+"""The mechanism check (run by experiments/mechanism.py and tests/experiments/test_mechanism.py): does REALM's masked-LM loss alone teach the retriever where a masked span is?
 
 A twin corpus of real text: each chosen sentence is a document twice, `<k>:a` and `<k>:b`. A salient span is masked
 only when exactly one block of another document holds it (data/recoverable.py): its twin. The trivial-retrieval

@@ -1,4 +1,4 @@
-"""The mechanism check in small (recipes/mechanism.py; the full one: experiments/mechanism.py): on a twin corpus of
+"""The mechanism check in small (experiments/twin_corpus.py; the full one: experiments/mechanism.py): on a twin corpus of
 real sentences, with MiniLM's towers and reader, REALM's masked-LM loss alone (no retrieval label) must teach the
 query tower to rank first the one block that holds each masked span. With f(x, z) detached from the loss, or a
 marginal that does not weigh each block's reading by p(z | x), the towers get no gradient and the twin stays where
@@ -6,16 +6,21 @@ it started (measured: 26.3 before and after with `experiments/mechanism.py --det
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
-from conftest import SHARED_DATA
 
 from realm.common.weights import MINILM
 from realm.config import get_preset
+from realm.data.sources import SQUAD_PARAGRAPHS
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmModel
 from realm.models.retriever import Retriever
-from realm.recipes.mechanism import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))  # research code, not the package
+from twin_corpus import (  # noqa: E402
     MechanismConfig,
     lead_sentences,
     run_mechanism_check,
@@ -23,7 +28,6 @@ from realm.recipes.mechanism import (
     write_twin_corpus,
 )
 
-SQUAD_PARAGRAPHS = str(SHARED_DATA / "corpus" / "squad_dev_paragraphs.jsonl.gz")
 PRESET = get_preset("cpu")
 
 
