@@ -1,7 +1,8 @@
-"""Dataclass configs and the two presets, and the record of the config a run trained with (config.json).
+"""Dataclass configs and the presets, and the record of the config a run trained with (config.json).
 
-`cpu` is sized so every stage finishes in minutes on a 2-core laptop; `paper` holds the settings of
-Guu et al. (2020) and the released TF code (see docs/realm.md of the shared spec) for GPU runs.
+`cpu` is sized so every stage finishes in minutes on a 2-core laptop; `gpu` is its recipe with larger batches for
+one GPU; `paper` holds the settings of Guu et al. (2020) and the released TF code. Each default the cpu preset
+departs from the paper with is a row of the README's "cpu preset vs the paper" table, with where it was measured.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class EncoderShape:
 @dataclass(frozen=True)
 class RetrieverConfig:
     proj_dim: int = 128  # Embed_input / Embed_doc output size (paper: 128)
-    pooling: Pooling = "pooler"  # pooler: BERT's pooled [CLS] (the paper); cls: the raw [CLS]; mean: MiniLM's (README)
+    pooling: Pooling = "pooler"  # pooler: BERT's pooled [CLS] (the paper); cls: the raw [CLS]; mean: MiniLM's (docs/guide.md, "Pooling")
     dropout: float = 0.1  # in training only
     dropout_position: Literal["embedding", "pooled"] = "embedding"  # after the LayerNorm (paper) or before the dense
     # REALM's null document (models/realm.py): scored, f(x, null) in one softmax with the blocks (the paper); or
@@ -191,7 +192,8 @@ class QAConfig:
 class StageCosts:
     """What a unit of work costs, so `realm pipeline --budget-minutes` can scale step counts to fit: measured on the
     machine before planning (pipeline/calibrate.py); these constants (the 2-core development machine, at 62bcf5a,
-    rounded up: docs/log/2026-11-23-results-realm-pipeline-in-120-minutes-without-ablations.md) only where that cannot run."""
+    rounded up: docs/log/2026-11-23-results-realm-pipeline-in-120-minutes-without-ablations.md) only where that cannot
+    run."""
 
     source: str = "the preset's constants"  # or what measured them
     fixed_seconds: float = 60.0  # after the stages: the report, the process end
@@ -219,7 +221,8 @@ class StageCosts:
 
 
 # The same 2-core EPYC class with AVX2 only (every stage in fp32), measured there, rounded up; the frozen-index step
-# not measured: the bf16 frozen/refreshing ratio applied (docs/log/2026-11-23-benchmarks-stage-costs-without-bf16-the-plan-on-an-avx2-only-cpu.md)
+# not measured: the bf16 frozen/refreshing ratio applied:
+# docs/log/2026-11-23-benchmarks-stage-costs-without-bf16-the-plan-on-an-avx2-only-cpu.md
 FP32_CPU_COSTS = StageCosts(
     source="the preset's fp32 constants (no bf16 matmul here)",
     embed_blocks_per_second=45.0,
@@ -232,7 +235,9 @@ FP32_CPU_COSTS = StageCosts(
     qa_question=0.17,
     qa_systems_question=0.51,
     recall_question=0.02,
-    scored_sentence=0.9,  # held-out scoring and worked examples: 16.7 min for 1,100 (docs/log/2026-11-28-results-training-first-the-50-minute-qa-pipeline-on-a-bf16-cpu-and-in-fp32.md)
+    # held-out scoring and worked examples: 16.7 min for 1,100:
+    # docs/log/2026-11-28-results-training-first-the-50-minute-qa-pipeline-on-a-bf16-cpu-and-in-fp32.md
+    scored_sentence=0.9,
 )
 
 
@@ -278,26 +283,30 @@ PRESETS: dict[str, Preset] = {
         ict=ICTConfig(steps=200, batch_size=32, lr=5e-5, warmup_steps=20, checkpoint_every=50, log_every=5),
         pretrain=PretrainConfig(
             # 1,000 warm-up steps (the reader starts to copy after 600-800), then 100 retrieval steps, in which the
-            # query tower trains (docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md)
+            # query tower trains:
+            # docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md
             steps=1100,
             batch_size=8,
             lr=1e-4,
             head_lr_multiplier=10.0,
             warmup_steps=20,
             # at 1e-5 the query tower fell below MiniLM's zero-shot recall (-0.60 on SQuAD); at 3e-6 it never did and
-            # gained a little on three question sets, the held-out gain no lower (docs/log/2026-11-27-results-the-query-tower-s-learning-rate-in-realm-pretraining-paired-from-one.md)
+            # gained a little on three question sets, the held-out gain no lower:
+            # docs/log/2026-11-27-results-the-query-tower-s-learning-rate-in-realm-pretraining-paired-from-one.md
             retriever_lr=3e-6,
             doc_tower="fixed",
             null_warmup_steps=1000,
             # the warm-up reads the sentence's own block, whole or without the sentence, and each candidate is also
-            # scored alone, so that the reader learns to use a block (docs/log/2026-11-26-results-a-reader-that-copies-the-copy-warm-ups-tenth-part-fp32.md)
+            # scored alone, so that the reader learns to use a block:
+            # docs/log/2026-11-26-results-a-reader-that-copies-the-copy-warm-ups-tenth-part-fp32.md
             reader_warmup="copy+context",
-            # 24 words each side of the sentence: cheaper steps, as good a reader (docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md)
+            # 24 words each side of the sentence: cheaper steps, as good a reader:
+            # docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md
             reader_warmup_window=24,
             reader_loss="marginal+candidates",
             num_candidates=4,
             max_masks=10,
-            mask_center_momentum=0.01,  # against hubness (README: "Masked queries are embedded apart")
+            mask_center_momentum=0.01,  # against hubness (docs/guide.md: "Masked queries are embedded apart")
             refresh_every=40,  # the ablations that train the document tower
             checkpoint_every=50,
             log_every=5,
@@ -308,7 +317,8 @@ PRESETS: dict[str, Preset] = {
         qa=QAConfig(
             epochs=1,
             batch_size=8,
-            # one epoch at 1e-4 from MiniLM reached 44.8 EM dense, 50.1 with BM25 (docs/log/2026-11-23-results-open-qa-fine-tuning-the-reader-s-normalisation-and-one-epoch-from.md)
+            # one epoch at 1e-4 from MiniLM reached 44.8 EM dense, 50.1 with BM25:
+            # docs/log/2026-11-23-results-open-qa-fine-tuning-the-reader-s-normalisation-and-one-epoch-from.md
             lr=1e-4,
             head_lr_multiplier=10.0,
             retriever_lr=1e-5,
@@ -320,9 +330,12 @@ PRESETS: dict[str, Preset] = {
             log_every=5,
         ),
         fp32_costs=FP32_CPU_COSTS,
-        # buys 1,000 warm-up steps on a slow 2-core fp32 machine (docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md)
+        # buys 1,000 warm-up steps on a slow 2-core fp32 machine:
+        # docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md
         pipeline_budget_minutes=70,
-        pipeline_ict=False,  # its minutes buy REALM steps (docs/log/2026-11-26-results-the-readme-main-command-without-ict-ict-steps-0-fp32.md)
+        # its minutes buy REALM steps:
+        # docs/log/2026-11-26-results-the-readme-main-command-without-ict-ict-steps-0-fp32.md
+        pipeline_ict=False,
     ),
     "paper": Preset(
         name="paper",
@@ -336,8 +349,9 @@ PRESETS: dict[str, Preset] = {
 
 def _gpu_sized(cpu: Preset, scale: int = 4) -> Preset:
     """The cpu preset's recipe with `scale` times the sentences, contexts and blocks a step, for one GPU: a cpu-sized
-    step (8 sentences x 4 candidates) leaves an H200 idle whatever the host does (docs/log/2026-11-26-results-retrieval-steps-on-a-gpu-how-far-more-of-them-go-fourth-part.md). The same model, corpus
-    and examples seen: steps divided by `scale`, learning rates multiplied by its square root (Adam's square-root
+    step (8 sentences x 4 candidates) leaves an H200 idle whatever the host does
+    (docs/log/2026-11-26-results-retrieval-steps-on-a-gpu-how-far-more-of-them-go-fourth-part.md). The same model,
+    corpus and examples seen: steps divided by `scale`, learning rates multiplied by its square root (Adam's square-root
     rule, Malladi et al. 2022), and REALM reads the paper's 8 candidates. QA doubles its batch only: its warm-up is
     ORQA's at least 100 steps, which a shorter run would spend mostly warming up. Not yet measured against the cpu
     recipe on a GPU (`scripts/gpu_run.sh check` does)."""

@@ -42,4 +42,5 @@ def describe_commit(code: dict | None) -> str:
         return "not recorded"
     if code.get("commit") is None:
         return f"realm {code.get('version')}, not from a git checkout"
-    return code["commit"][:7] + (" + changes" if code.get("dirty") else "")
+    noted = " (noted after the run)" if code.get("noted") else ""  # a record from before runs recorded their code
+    return code["commit"][:7] + (" + changes" if code.get("dirty") else "") + noted

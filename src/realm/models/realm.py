@@ -16,13 +16,14 @@ Retrieval utility = mean_j [ log p(y_j | x) - log p(y_j | null, x) ] over masked
     p(null | x)      = sigmoid(b_null)                                    # b_null: a learned scalar
     p(z | x)         = (1 - p(null | x)) · softmax_{z >= 1} f(x, z)       # over the retrieved candidates only
 
-Scored as in the paper, whenever the reader does better without the retrieved blocks (most of the time while it
-is weak: they are distractors), the gradient moves every query toward the one null embedding. Measured: after
-1,000 null-document steps the reader reads the null document better than most blocks; within 100 retrieval steps
-the towers had put p(null) at 0.4-0.98, and zero-shot recall@5 on questions fell from 70.7 to 20.9
-(docs/log/2026-11-23-results-realm-pipeline-in-120-minutes-without-ablations.md). With a learned weight the towers only rank the retrieved blocks against each other (a softmax
-over them, whose gradient has no component shared by every block), and how much the marginal relies on no
-retrieval at all is one learned number, saved with the retriever (Retriever.null_score)."""
+Scored as in the paper, whenever the reader does better without the retrieved blocks (most of the time while it is weak:
+they are distractors), the gradient moves every query toward the one null embedding. Measured: after 1,000 null-document
+steps the reader reads the null document better than most blocks; within 100 retrieval steps the towers had put p(null)
+at 0.4-0.98, and zero-shot recall@5 on questions fell from 70.7 to 20.9
+(docs/log/2026-11-23-results-realm-pipeline-in-120-minutes-without-ablations.md). With a learned weight the towers only
+rank the retrieved blocks against each other (a softmax over them, whose gradient has no component shared by every
+block), and how much the marginal relies on no retrieval at all is one learned number, saved with the retriever
+(Retriever.null_score)."""
 
 from __future__ import annotations
 

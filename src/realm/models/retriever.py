@@ -12,10 +12,11 @@ its own copy): inner products of LayerNorm'd orthogonal projections approximate 
 similarity (Johnson-Lindenstrauss), so the untrained retriever already retrieves sensibly; the
 LayerNorm gain starts at sqrt(20 / 128) so that f(x, z) ≈ 20 · cos, MiniLM's training scale.
 
-Masked queries (REALM pretraining's x) are embedded apart from questions, against hubness (masked queries
-collapsing onto a few blocks; docs/log/2026-11-23-results-quality-hubness-hybrid-retrieval-the-reader-s-normalisation-issue-16.md): mean pooling leaves the `[MASK]` positions out
-(MiniLM never saw `[MASK]`), and a query holding `[MASK]` is centred on the mean masked query, `mask_center`,
-a buffer the pretraining recipe estimates and tracks (Suzuki et al. 2013: centring removes hubs):
+Masked queries (REALM pretraining's x) are embedded apart from questions, against hubness (masked queries collapsing
+onto a few blocks; docs/log/2026-11-23-results-quality-hubness-hybrid-retrieval-the-reader-s-normalisation-issue-16.md):
+mean pooling leaves the `[MASK]` positions out (MiniLM never saw `[MASK]`), and a query holding `[MASK]` is centred on
+the mean masked query, `mask_center`, a buffer the pretraining recipe estimates and tracks (Suzuki et al. 2013: centring
+removes hubs):
 
     Embed_input(x) = LayerNorm(W_input · BERT_mean(x without [MASK])) - mask_center     # x holds [MASK]
 

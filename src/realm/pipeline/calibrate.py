@@ -117,11 +117,12 @@ def calibrate(
     qa: tuple[Sequence[QAExample], Sequence[QAExample], Path] | None = None,
 ) -> dict:
     """The preset's stage costs as measured here (`costs`, a StageCosts dict) and the raw figures (`measured`).
-    `qa`: training and dev questions, and the warm start's index of the whole corpus. A QA step and a question
-    are timed there, not on the sample: what they read grows with the corpus (the BM25 and dense beam of 100 blocks
-    each, labelled for answers; the reader's top 5, longer the more blocks retrieval chooses from: 24% more time a
-    step than on a sample of 384 blocks: docs/log/2026-11-25-benchmarks-the-plan-sized-on-this-machine-calibration-then-pace-issue-31.md). Raises ValueError where the data is too small for a
-    trainer's batch."""
+    `qa`: training and dev questions, and the warm start's index of the whole corpus. A QA step and a question are timed
+    there, not on the sample: what they read grows with the corpus (the BM25 and dense beam of 100 blocks each, labelled
+    for answers; the reader's top 5, longer the more blocks retrieval chooses from: 24% more time a step than on a
+    sample of 384 blocks:
+    docs/log/2026-11-25-benchmarks-the-plan-sized-on-this-machine-calibration-then-pace-issue-31.md). Raises ValueError
+    where the data is too small for a trainer's batch."""
 
     for entry in folder.iterdir():  # an interrupted calibration starts over: it is short
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()

@@ -40,8 +40,9 @@ from realm.recipes.warmup import OWN_BLOCK_READINGS
 
 MIN_TRAINING_STEPS = 2
 # MiniLM's fresh masked-LM head at the cpu preset's batch (8) and lr starts to copy after 600-800 own-block warm-up
-# steps; retrieval gained on held-out sentences after about 1,000 (docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md): counted in
-# sentences, so that a preset of larger batches (gpu) is held to as many sentences in fewer steps
+# steps; retrieval gained on held-out sentences after about 1,000
+# (docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md): counted in sentences,
+# so that a preset of larger batches (gpu) is held to as many sentences in fewer steps
 READER_WARMUP_SENTENCES = 1000 * 8
 WARMUP_FINDING = "docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md"
 FEW_QA_STEPS_FINDING = (
@@ -52,9 +53,10 @@ BUDGET_SLACK = 1.1  # a plan may overrun its budget by this factor when the step
 # sampled to fit what is left (down to their minimum samples)
 TRAINING_SHARE = 0.6
 # Fewer QA steps of 8 questions than 100 and the reader has not learned to read: SQuAD-open dev hybrid EM 2.3-2.5 after
-# 15-16 steps (docs/log/2026-11-27-results-the-fine-tuned-query-tower-kept-only-when-it-beats-its-start-s-on-a.md), 46.3 after 487
-# (docs/log/2026-11-24-results-the-query-tower-alone-realm-at-least-as-good-as-its-ict-warm-start-cpu.md), 50.9 after 823 (docs/log/2026-11-28-results-training-first-the-50-minute-qa-pipeline-on-a-bf16-cpu-and-in-fp32.md). Not
-# measured in between: a round number well above the failures. Counted in questions, for any batch. A preset whose
+# 15-16 steps (docs/log/2026-11-27-results-the-fine-tuned-query-tower-kept-only-when-it-beats-its-start-s-on-a.md), 46.3
+# after 487 (docs/log/2026-11-24-results-the-query-tower-alone-realm-at-least-as-good-as-its-ict-warm-start-cpu.md),
+# 50.9 after 823 (docs/log/2026-11-28-results-training-first-the-50-minute-qa-pipeline-on-a-bf16-cpu-and-in-fp32.md).
+# Not measured in between: a round number well above the failures. Counted in questions, for any batch. A preset whose
 # whole QA fine-tuning is shorter (a training file of a few hundred questions) is not held to it.
 QA_MIN_QUESTIONS = 100 * 8
 SCORED_SENTENCES = 1000  # held-out sentences scored when the budget affords them all

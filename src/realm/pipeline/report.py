@@ -228,7 +228,9 @@ SYSTEM_LABELS = {
 }
 READER_REASONS = {
     "warm start": "the pipeline's default, not measured in this run: with the retriever fixed, REALM's masked-LM "
-    "reader was no better a start (docs/log/2026-11-28-results-honest-numbers-the-choices-re-measured-on-a-tuning-split-nineteenth.md: -1.04 EM [-2.77, +0.75] after 300 "
+    "reader was no better a start "
+    "(docs/log/2026-11-28-results-honest-numbers-the-choices-re-measured-on-a-tuning-split-nineteenth.md: "
+    "-1.04 EM [-2.77, +0.75] after 300 "
     "QA steps, on the tuning split's 1,732 questions; earlier, on dev, -7.09 [-8.89, -5.35])",
     "REALM": "the ablations measure REALM pretraining, its reader included",
 }

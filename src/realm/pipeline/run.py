@@ -54,8 +54,9 @@ from realm.training import Deadline, read_steps
 
 log = logging.getLogger(__name__)
 PLANNED_AFTER = ("corpus", "warm_start", "baseline_index", "calibration")  # their seconds count against the budget
-# the reader QA fine-tunes from: REALM's masked-LM reader was no better a start than MiniLM's (-1.04 EM
-# [-2.77, +0.75] on the tuning split, retriever fixed: docs/log/2026-11-28-results-honest-numbers-the-choices-re-measured-on-a-tuning-split-nineteenth.md)
+# the reader QA fine-tunes from: REALM's masked-LM reader was no better a start than MiniLM's (-1.04 EM [-2.77, +0.75]
+# on the tuning split, retriever fixed:
+# docs/log/2026-11-28-results-honest-numbers-the-choices-re-measured-on-a-tuning-split-nineteenth.md)
 QA_READERS = {"warm start": "warm_start", "REALM": "realm"}
 QA_READER = "warm start"
 
