@@ -346,8 +346,10 @@ class TimedSchedule:
     estimated step) and re-sized once from its own first timed steps, after which nothing changes: its rate stays
     flat while it is timed and decays linearly from there to 0 at its last step, so the schedule is one a run
     with fixed steps can replay (the trainer's steps.json). What recurs between steps (checkpoints, QA's scorings) is timed apart
-    (`between`) and counted where it falls. `warmup_of`: the rate warm-up of a length (QA: ORQA's rule), set when
-    the phase is first sized; `on_flat_end(step)`: what starts when the flat phase ends (REALM's towers)."""
+    (`between`) and counted where it falls; the re-sizing waits until each of `recurs` (name -> every so many steps:
+    the trainer's checkpoints) has been timed once, so that no pause it cannot see takes the time of the steps it
+    sizes. `warmup_of`: the rate warm-up of a length (QA: ORQA's rule), set when the phase is first sized;
+    `on_flat_end(step)`: what starts when the flat phase ends (REALM's towers)."""
 
     def __init__(
         self,
@@ -355,9 +357,11 @@ class TimedSchedule:
         schedule: LinearSchedule,
         warmup_of: Callable[[int], int] | None = None,
         on_flat_end: Callable[[int], None] | None = None,
+        recurs: dict[str, int] | None = None,
     ):
         self.deadline, self.schedule = deadline, schedule
         self.warmup_of, self.on_flat_end = warmup_of, on_flat_end
+        self.recurs = {name: every for name, every in (recurs or {}).items() if every > 0}
         self.timed_from: tuple[int, float] | None = None  # (step, time) this process began timing the phase
         self.last: tuple[int, float] | None = None  # (step, time) of the last call
         self.excluded = 0.0  # seconds between steps since then (checkpoints, scorings)
@@ -398,7 +402,11 @@ class TimedSchedule:
             s.sizings = 1
         if self.timed_from is None:
             self.timed_from, self.excluded = (step, now), 0.0
-            s.decay_from = max(s.decay_from, min(s.total, step + self._timed_steps(s.total - step)))
+            timed = step + self._timed_steps(s.total - step)
+            for name, every in self.recurs.items():  # not yet timed: timed before the re-sizing counts it
+                if name not in self.recurring:
+                    timed = max(timed, (step // every + 1) * every)
+            s.decay_from = max(s.decay_from, min(s.total, timed))
             return
         began, at = self.timed_from
         if step >= s.decay_from:  # timed: re-sized once from what its steps took

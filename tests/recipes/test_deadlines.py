@@ -97,6 +97,26 @@ def test_what_recurs_between_steps_is_counted_where_it_falls():
     assert schedule.total == 500 - 7 * 20  # the 7 scorings before the last step took their time from the steps
 
 
+def test_checkpoints_are_timed_before_the_steps_are_re_sized():
+    """QA's shape on 2 cores (2026-11-29, the bare `realm pipeline`): steps of 2.5 s, an 8 s checkpoint every 50
+    steps. Re-sized after 24 steps, before any checkpoint was timed, the steps ignored 16 checkpoints and ended
+    93 s late; timed until the first checkpoint, they end within a step and a checkpoint of the deadline."""
+    clock = FakeClock()
+    deadline = Deadline(at=clock.now + 2_000, step_seconds=2.7, epoch_steps=900, scoring_seconds=55.0, clock=clock)
+    schedule = LinearSchedule(warmup=100, total=772)
+    timer, step = TimedSchedule(deadline, schedule, recurs={"checkpoint": 50}), 0
+    while step < schedule.total:
+        timer.before_step(step)
+        clock.now += 2.5
+        step += 1
+        if step % 50 == 0:
+            with timer.timing("checkpoint", 50):
+                clock.now += 8.0
+    assert schedule.decay_from == 50 and schedule.sizings == 2  # re-sized once the first checkpoint was timed
+    assert deadline.at - 2.5 - 8.0 <= clock.now <= deadline.at + 8.0, clock.now - deadline.at
+    assert schedule.factor("", 60) == 0.61  # still warming up (ORQA's 100 steps): the rates are those of before
+
+
 def test_a_run_past_its_deadline_still_trains_its_least_steps():
     clock = FakeClock()
     deadline = Deadline(at=clock.now - 60, step_seconds=1.0, least_steps=100, clock=clock)

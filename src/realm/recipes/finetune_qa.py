@@ -260,7 +260,7 @@ def train_qa(
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
     dev_part = list(dev)[: cfg.dev_limit]
     schedule = scheduler.schedule  # its length, as a deadline settles it (training.py: TimedSchedule)
-    timer = TimedSchedule(deadline, schedule, warmup_of=cfg.warmup_steps)
+    timer = TimedSchedule(deadline, schedule, warmup_of=cfg.warmup_steps, recurs={"checkpoint": cfg.checkpoint_every})
     metrics_log = MetricsLog(out, total, step, d, "QA", progress)
     batches = _prefetched(train, position, cfg, model, store, d, device)
     with batches, metrics_log:

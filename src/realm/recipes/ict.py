@@ -160,7 +160,7 @@ def train_ict(
     step, position, _ = resume_training(out, resume, model, optimizer, scheduler, d, "ICT")
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
     schedule = scheduler.schedule  # its length, as a deadline settles it (training.py: TimedSchedule)
-    timer = TimedSchedule(deadline, schedule)
+    timer = TimedSchedule(deadline, schedule, recurs={"checkpoint": cfg.checkpoint_every})
     metrics_log = MetricsLog(out, steps, step, d, "ICT", progress)
     blocks = ict_batches(titles, bodies, usable, store.config, position, preset, retriever.tokenizer, d)
     batches = Prefetched(blocks, prefetch_depth(device))

@@ -237,7 +237,12 @@ def train_pretrain(
     policy, builder, index, warmup = index_side(model, store, finder, run, preset, step, progress, reuse_indexes, d)
     trained = _distributed(model, cfg, d)
     schedule = scheduler.schedule  # its phases, as a deadline settles them (training.py: TimedSchedule)
-    timer = TimedSchedule(deadline, schedule, on_flat_end=lambda w: schedule.starts.update(_tower_starts(cfg, w)))
+    timer = TimedSchedule(
+        deadline,
+        schedule,
+        on_flat_end=lambda w: schedule.starts.update(_tower_starts(cfg, w)),
+        recurs={"checkpoint": cfg.checkpoint_every},
+    )
     metrics_log = MetricsLog(run.out, schedule.total, step, d, "REALM", progress)
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
     batches = Prefetched(pretrain_queries(sentences, position, preset, retriever.tokenizer, d), prefetch_depth(device))
