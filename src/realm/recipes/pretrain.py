@@ -237,12 +237,7 @@ def train_pretrain(
     policy, builder, index, warmup = index_side(model, store, finder, run, preset, step, progress, reuse_indexes, d)
     trained = _distributed(model, cfg, d)
     schedule = scheduler.schedule  # its phases, as a deadline settles them (training.py: TimedSchedule)
-    timer = TimedSchedule(
-        deadline,
-        schedule,
-        on_flat_end=lambda w: schedule.starts.update(_tower_starts(cfg, w)),
-        recurs={"checkpoint": cfg.checkpoint_every},
-    )
+    timer = _timer(deadline, schedule, cfg)
     metrics_log = MetricsLog(run.out, schedule.total, step, d, "REALM", progress)
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
     batches = Prefetched(pretrain_queries(sentences, position, preset, retriever.tokenizer, d), prefetch_depth(device))
@@ -279,6 +274,17 @@ def train_pretrain(
     if d.main:
         _save_trained(run, model, cfg, schedule, deadline)
     return run.out
+
+
+def _timer(deadline: Deadline | None, schedule: LinearSchedule, cfg: PretrainConfig) -> TimedSchedule:
+    """What ends the steps by the deadline: the reader warm-up by time, then the towers start (their rates' warm-up
+    from that step); the steps re-sized once a checkpoint has been timed."""
+    return TimedSchedule(
+        deadline,
+        schedule,
+        on_flat_end=lambda step: schedule.starts.update(_tower_starts(cfg, step)),
+        recurs={"checkpoint": cfg.checkpoint_every},
+    )
 
 
 def _save_trained(
