@@ -48,7 +48,7 @@ def test_budget_scales_every_training_stage_to_fit():
     longer = plan_pipeline(cpu, work, 600)
     assert longer.preset.pretrain.steps > cpu.pretrain.steps  # a bigger budget buys more steps
     # a warm-up cut short of what the reader needs to read: the plan says which budget keeps it
-    assert reader_warmup_steps(cpu.pretrain) == 1000  # docs/log, twelfth part: 1,000 steps of 8 sentences
+    assert reader_warmup_steps(cpu.pretrain) == 1000  # 1,000 steps of 8 sentences (pipeline/plan.py: WARMUP_FINDING)
     assert plan.preset.pretrain.null_warmup_steps < 1000 and plan.reading_minutes is not None
     kept = plan_pipeline(cpu, work, plan.reading_minutes)
     assert kept.preset.pretrain.null_warmup_steps == 1000 and kept.reading_minutes is None
@@ -735,7 +735,7 @@ def test_the_report_names_the_reader_warmup_and_loss_of_pretraining():
     )
     # with the plan's figure: the budget that would give the warm-up its full length
     costed = pretraining_setting(dataclasses.replace(cpu, null_warmup_steps=234, steps=304), reading_minutes=208.2)
-    assert "twelfth part: a budget of about 209 min gives it them)" in costed
+    assert "twelfth-part.md: a budget of about 209 min gives it them)" in costed
     assert "a budget of about" not in short and "a budget of about" not in pretraining_setting(cpu, 208.2)
     papers = dataclasses.replace(cpu, reader_warmup="null", reader_loss="marginal")
     assert "first 1000 on the null document alone" in pretraining_setting(papers)
