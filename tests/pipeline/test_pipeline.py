@@ -778,6 +778,11 @@ def test_held_out_sentences_are_sampled_over_the_whole_split(tmp_path):
     order = [held_out.texts.index(t) for t in sample.texts]
     assert order == sorted(order) and order[-1] > 0.8 * len(held_out)  # not the first 300 in corpus order
     assert held_out.sample(10_000) is held_out
+    shuffled = held_out.shuffled(0)  # what a clock-bound scoring reads: any first n of it spread over the split
+    assert sorted(shuffled.texts) == sorted(held_out.texts) and shuffled.texts == held_out.shuffled(0).texts
+    first = [held_out.texts.index(t) for t in shuffled.texts[:300]]
+    assert max(first) > 0.8 * len(held_out) and min(first) < 0.2 * len(held_out)
+    assert [held_out.doc_ids[i] for i in first] == shuffled.doc_ids[:300]  # the columns shuffled together
 
 
 def test_the_report_leads_with_the_budget_and_warns_outside_its_band():

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -661,6 +662,7 @@ def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
     from realm.data.recoverable import SpanFinder
     from realm.data.sentences import SentenceSet, build_sentences
     from realm.eval.mlm import masked_span_accuracy
+    from realm.eval.time_limit import TimeLimit
     from realm.index.build import build_index
     from realm.index.embed import BlockEmbedder
     from realm.models.mlm_reader import Reader
@@ -698,6 +700,10 @@ def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
     each = masked_span_accuracy(model, sentences, tiny_corpus, MipsIndex(tmp_path / "index"), 3, 32, every_span=True)
     with_spans = sum(1 for spans in sentences.spans if spans)
     assert each["sentences"] <= with_spans and each["spans"] >= each["sentences"] > 0
+    # a stage already past its allotment scores its least (here: the first batch's sentences), then stops
+    late = TimeLimit(time.time() - 1.0, least=1)
+    cut = masked_span_accuracy(model, sentences, tiny_corpus, None, 3, 32, batch_size=2, every_span=True, until=late)
+    assert 0 < cut["sentences"] <= 2 < each["sentences"] and cut["spans"] == 2
     assert each["retrieval_gain"] == pytest.approx(each["token_accuracy"] - each["null_token_accuracy"])
     low, high = each["retrieval_gain_95ci"]
     assert low <= each["retrieval_gain"] <= high

@@ -283,6 +283,16 @@ class SentenceSet:
         )
         return kept
 
+    def shuffled(self, seed: int = 0) -> SentenceSet:
+        """Every sentence, in an order drawn with `seed`: the first n of it, however many a clock lets be scored,
+        are a sample spread over every held-out document."""
+        rows = np.random.default_rng(seed).permutation(len(self.texts)).tolist()
+        kept = copy.copy(self)
+        kept.doc_ids, kept.texts, kept.spans = (
+            [values[i] for i in rows] for values in (self.doc_ids, self.texts, self.spans)
+        )
+        return kept
+
     def with_recoverable_spans(self, finder: SpanFinder) -> SentenceSet:
         """Each sentence's salient spans reduced to those a block of another document holds (data/recoverable.py),
         i.e. the spans retrieval could give back; a sentence may be left with none."""

@@ -21,6 +21,7 @@ from realm.data.blocks import BlockStore
 from realm.data.recoverable import SpanFinder
 from realm.data.sentences import MaskedQuery, SentenceSet, mask_each_salient_span
 from realm.eval.intervals import bootstrap_interval
+from realm.eval.time_limit import TimeLimit
 from realm.index.mips import MipsIndex
 from realm.index.search import retrieve
 from realm.models.realm import RealmBatch, RealmModel, make_batch, pad_queries
@@ -62,17 +63,24 @@ def scored_batches(
     limit: int | None,
     batch_size: int,
     every_span: bool = False,
+    until: TimeLimit | None = None,
 ) -> Iterator[tuple[list[int], list[MaskedQuery], RealmBatch, dict[str, torch.Tensor]]]:
     """The model's statistics on the masked queries of the first `limit` sentences, in batches, with each
-    query's sentence index."""
+    query's sentence index; with `until`, no batch begins whose sentences the pace so far does not fit (a
+    sentence's spans may then be scored in part)."""
     model.eval()
     device = next(model.parameters()).device  # the GPU when the caller put the model there
     tokenizer = model.retriever.tokenizer
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
     items = masked_queries(sentences, tokenizer, query_max_tokens, max_masks, limit, every_span)
+    seen: set[int] = set()  # sentences scored (in part)
     try:
         while chunk := list(islice(items, batch_size)):
             rows = [i for i, _ in chunk]
+            more = len(set(rows) - seen)
+            if until is not None and until.fits(len(seen), more) < more:
+                break
+            seen.update(rows)
             queries = [query for _, query in chunk]
             retrieved = np.empty((len(queries), 0), dtype=np.int64)
             if index is not None and num_candidates > 1:
@@ -109,13 +117,15 @@ def masked_span_accuracy(
     batch_size: int = 16,
     every_span: bool = False,
     finder: SpanFinder | None = None,
+    until: TimeLimit | None = None,
 ) -> dict:
     """Token accuracy, whole-span accuracy, mean p(null) and mean retrieval utility over the masked spans, and
     the token accuracy of the null document alone on the same masks (the same forward pass: the null document
     is candidate 0) with the paired gain of retrieval and its 95% bootstrap interval over sentences (with
     `every_span`, a sentence's spans are resampled together: they share its words). With a `finder`, the
     shares of spans another document holds (recoverable) and a candidate holds (retrieved), and the gain split
-    by them (`by_recoverability`: retrieval can only help where the span is recoverable)."""
+    by them (`by_recoverability`: retrieval can only help where the span is recoverable). With `until`, the
+    sentences are scored in their order until it fits no more (pass them in a seeded order: `shuffled`)."""
     tokens = correct_tokens = spans = correct_spans = null_correct_spans = 0
     p_null = utility = 0.0
     rows: list[int] = []
@@ -123,7 +133,17 @@ def masked_span_accuracy(
     masks: list[int] = []  # per span: its masked tokens
     groups: list[str] = []  # per span: which of RECOVERABILITY it falls in
     for batch_rows, queries, batch, stats in scored_batches(
-        model, sentences, store, index, num_candidates, query_max_tokens, max_masks, limit, batch_size, every_span
+        model,
+        sentences,
+        store,
+        index,
+        num_candidates,
+        query_max_tokens,
+        max_masks,
+        limit,
+        batch_size,
+        every_span,
+        until,
     ):
         hits = stats["correct"]  # (B, M) bool, False on padding
         valid = batch.mask_valid

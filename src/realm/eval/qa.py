@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from realm.common.io import write_atomic
@@ -37,25 +37,42 @@ def outcome(prediction: str, example: QAExample, retrieved: bool, rule: str = "o
     return "read_not_exact" if overlaps else "retrieved_not_read"
 
 
-def evaluate_qa(
-    answerer: Answerer,
-    examples: Sequence[QAExample],
-    recall_ks: Sequence[int],
-    predictions: Path | None = None,
-    exact_match: str = "orqa",
-) -> dict:
-    """Exact match and recall@k on `examples` (one search serves both); optionally a predictions JSONL with
-    each question's answer, score, outcome and evidence. Returns the summary (percentages rounded to 0.01), with
-    the 95% bootstrap interval of the exact match over questions, the percentage of each outcome and the
-    `exact_match` rule it scored with (ORQA's NFD normaliser, REALM's, or the official SQuAD script's)."""
+@dataclass(frozen=True)
+class AnsweredQuestion:
+    """One question answered: the answer with its evidence, the rank of the first retrieved block holding a
+    reference answer (None: none of the blocks searched) and which of OUTCOMES it is."""
+
+    example: QAExample
+    answer: Answer
+    first_hit: int | None
+    outcome: str
+
+    def prediction_line(self) -> str:
+        """Its line of a predictions file."""
+        e, a = self.example, self.answer
+        record = {
+            "question": e.question,
+            "references": list(e.answers),
+            "prediction": a.answer,
+            "score": a.score,
+            "exact_match": self.outcome == "exact_match",
+            "outcome": self.outcome,
+            "evidence": [asdict(v) for v in a.evidence],
+        }
+        return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def answer_questions(
+    answerer: Answerer, examples: Sequence[QAExample], depth: int, exact_match: str = "orqa"
+) -> list[AnsweredQuestion]:
+    """`examples` answered, each searched `depth` deep (for recall@k up to it; one search serves the reader too)."""
     from realm.index.search import search_all
 
-    ks = sorted(set(recall_ks) | {answerer.k})
-    started = time.monotonic()
+    depth = max(depth, answerer.k)
     questions = [e.question for e in examples]
-    hits = search_all(answerer.searcher, questions, max(ks), batch_size=answerer.batch_size)
+    hits = search_all(answerer.searcher, questions, depth, batch_size=answerer.batch_size)
     # the reader reads exactly what `ask` would give it: the top k of the deep search where that is the same
-    if max(ks) <= answerer.searcher.prefix_depth:
+    if depth <= answerer.searcher.prefix_depth:
         read_hits = [row[: answerer.k] for row in hits]
     else:
         read_hits = search_all(answerer.searcher, questions, answerer.k, batch_size=answerer.batch_size)
@@ -66,37 +83,55 @@ def evaluate_qa(
         )
     first_hit = first_answer_ranks(examples, hits)
     retrieved = [r is not None for r in first_answer_ranks(examples, read_hits)]
-    outcomes = [outcome(a.answer, e, ok, exact_match) for a, e, ok in zip(answers, examples, retrieved)]
+    return [
+        AnsweredQuestion(e, a, rank, outcome(a.answer, e, ok, exact_match))
+        for e, a, rank, ok in zip(examples, answers, first_hit, retrieved)
+    ]
+
+
+def summarise(
+    answered: Sequence[AnsweredQuestion], recall_ks: Sequence[int], reader_top_k: int, exact_match: str, seconds: float
+) -> dict:
+    """Exact match with its 95% bootstrap interval over questions, recall@k, the share of each outcome (percentages
+    rounded to 0.01), the `exact_match` rule and the `seconds` answering took."""
+    ks = sorted(set(recall_ks) | {reader_top_k})
+    outcomes = [a.outcome for a in answered]
     correct = [o == "exact_match" for o in outcomes]
-    if predictions is not None:
-        lines = [
-            json.dumps(
-                {
-                    "question": e.question,
-                    "references": list(e.answers),
-                    "prediction": a.answer,
-                    "score": a.score,
-                    "exact_match": ok,
-                    "outcome": what,
-                    "evidence": [asdict(v) for v in a.evidence],
-                },
-                ensure_ascii=False,
-            )
-            + "\n"
-            for e, a, ok, what in zip(examples, answers, correct, outcomes)
-        ]
-        write_atomic(Path(predictions), lambda tmp: tmp.write_text("".join(lines)))
     low, high = bootstrap_interval([100.0 * ok for ok in correct])
     return {
-        "exact_match": round(100.0 * sum(correct) / len(examples), 2),
+        "exact_match": round(100.0 * sum(correct) / len(answered), 2),
         "exact_match_95ci": [round(low, 2), round(high, 2)],
         "exact_match_rule": exact_match,
-        **{name: round(value, 2) for name, value in recall_from_ranks(first_hit, ks).items()},
-        "outcomes": {name: round(100.0 * outcomes.count(name) / len(examples), 2) for name in OUTCOMES},
-        "questions": len(examples),
-        "reader_top_k": answerer.k,
-        "seconds": round(time.monotonic() - started, 1),
+        **{name: round(value, 2) for name, value in recall_from_ranks([a.first_hit for a in answered], ks).items()},
+        "outcomes": {name: round(100.0 * outcomes.count(name) / len(answered), 2) for name in OUTCOMES},
+        "questions": len(answered),
+        "reader_top_k": reader_top_k,
+        "seconds": round(seconds, 1),
     }
+
+
+def write_predictions(path: Path, answered: Sequence[AnsweredQuestion]) -> None:
+    """A predictions JSONL: each question's answer, score, outcome and evidence (atomically)."""
+    lines = "".join(a.prediction_line() for a in answered)
+    write_atomic(Path(path), lambda tmp: tmp.write_text(lines))
+
+
+def evaluate_qa(
+    answerer: Answerer,
+    examples: Sequence[QAExample],
+    recall_ks: Sequence[int],
+    predictions: Path | None = None,
+    exact_match: str = "orqa",
+) -> dict:
+    """Exact match and recall@k on `examples` (one search serves both); optionally a predictions JSONL with
+    each question's answer, score, outcome and evidence. Returns `summarise`'s summary: the 95% bootstrap interval
+    of the exact match over questions, the percentage of each outcome and the `exact_match` rule it scored with
+    (ORQA's NFD normaliser, REALM's, or the official SQuAD script's)."""
+    started = time.monotonic()
+    answered = answer_questions(answerer, examples, max(recall_ks, default=answerer.k), exact_match)
+    if predictions is not None:
+        write_predictions(predictions, answered)
+    return summarise(answered, recall_ks, answerer.k, exact_match, time.monotonic() - started)
 
 
 def compare_predictions(a: Path, b: Path) -> dict:

@@ -14,7 +14,8 @@ fine-tuning fewer than `qa_min_steps` is refused before training,
 naming the budget this machine needs. The budget is a deadline (`PipelinePlan.ends_at`): each stage after the plan
 is allotted, as it begins, what is left less the stages after it at the run's pace (`time_stage`), each kind of
 training step at its own; a trainer ends its steps by its deadline (training.py: TimedSchedule), an evaluation
-scores the sample that fits.
+scores in a seeded order until its allotment ends (eval/time_limit.py: the sample its estimate sized is what the
+report plans by, the clock decides).
 """
 
 from __future__ import annotations
@@ -550,7 +551,8 @@ def trained_preset(preset: Preset, stage: str, trained: dict[str, int]) -> Prese
 class StageTiming:
     """A stage after the plan, sized as it begins: what is left of the budget, less the stages after it at the
     run's pace, is its allotment. A training stage gets the steps (`scale`) that fit it and a `Deadline` for its
-    steps (training.py: its trainer ends by it); an evaluation the sample (`sample`) that fits it."""
+    steps (training.py: its trainer ends by it); an evaluation the sample estimated to fit it (`sample`: the
+    evaluation itself scores until the allotment ends)."""
 
     stage: str
     began: float  # time.time()
@@ -558,7 +560,7 @@ class StageTiming:
     pace: Pace
     scale: float | None = None  # training: the steps of the preset's recipe it was sized at
     deadline: dict | None = None  # training: training.Deadline's fields (no clock)
-    sample: int | None = None  # eval: dev questions answered; examples: held-out sentences scored
+    sample: int | None = None  # the estimate of what fits: eval: dev questions answered; examples: sentences scored
 
     @property
     def ends_at(self) -> float:
@@ -578,7 +580,7 @@ class StageTiming:
             steps_end = time.strftime("%H:%M:%S", time.localtime(self.deadline["at"]))
             what += f", steps x{self.scale:.3f} of the recipe's to begin with, ending by {steps_end}"
         if self.sample is not None:
-            what += f", a sample of {self.sample:,}"
+            what += f", about {self.sample:,} at the estimated pace (scored until it ends)"
         return f"{what}; {self.pace.describe()}"
 
 

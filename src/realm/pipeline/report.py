@@ -177,7 +177,7 @@ def _stages(doc: ReportDocument, records: dict, plan: PipelinePlan, run_dir: Pat
             "count against the budget as they took. Each stage after the plan was allotted, as it began, what was "
             "left of the budget less the stages after it at the run's pace; a trainer ends its steps by its "
             "deadline (its reader warm-up by time, the steps whose rate decays sized to the time left, then once "
-            "more from their own first steps), an evaluation scores the sample that fits. Steps: planned / "
+            "more from their own first steps), an evaluation scores in a seeded order until its allotment ends. Steps: planned / "
             "trained; seconds a step: estimated / measured."
         )
     timings = _stage_timings(run_dir)
@@ -356,9 +356,17 @@ def _evaluated(ev: dict) -> str:
         return f"All {questions['dev']:,} dev questions answered."
     return (
         f"EM over {questions['evaluated']:,} of {questions['dev']:,} dev questions (a sample drawn with seed "
-        f"{questions['seed']}, sized by the plan to what the budget left after training), "
+        f"{questions['seed']}, {_sized_by(questions)}), "
         f"±{(high - low) / 2:.1f} points (the hybrid's 95% interval)."
     )
+
+
+def _sized_by(questions: dict) -> str:
+    """What sized a dev sample: the clock (the questions answered in a seeded order until the stage's end), or the
+    plan (a run without a budget, or one recorded before the evaluation watched the clock)."""
+    if "until" in questions:
+        return "answered in its seeded order until the evaluation's allotment ended"
+    return "sized by the plan to what the budget left after training"
 
 
 def _scored_sample(examples: dict) -> str:
@@ -368,7 +376,7 @@ def _scored_sample(examples: dict) -> str:
         return ""
     return (
         f"; a sample, drawn with a fixed seed, of the {held_out:,} held-out sentences with a salient span, sized by "
-        "the plan to what the budget left after training"
+        "the plan to what the budget left after training (with a budget: scored until the stage's allotment ended)"
     )
 
 

@@ -34,6 +34,9 @@ from realm.pipeline import work as stage_work
 from realm.pipeline.ablations import ablation_variants
 from realm.pipeline.calibrate import calibrate, calibration_settings
 from realm.pipeline.plan import (
+    MIN_EVAL_QUESTIONS,
+    MIN_SCORED_SENTENCES,
+    SCORED_SENTENCES,
     PipelineOptions,
     PipelinePlan,
     StageEstimate,
@@ -248,12 +251,23 @@ class Pipeline:
         retrievers = {
             label: (self.stages.output(stage, "index"), folder) for label, (stage, folder) in zero_shot.items()
         }
-        evaluated = self.dev_sample()
+        timing = self.timed("eval")  # with a budget: all of dev offered, in the seeded order, until the stage's end
+        evaluated = self.dev_sample() if timing is None else stage_work.dev_order(self.qa_dev)
+        until = None if timing is None else timing.ends_at
 
         def work(folder: Path, resume: bool) -> dict:
             best, corpus = self.stages.output(qa, "best"), self.stages.output("corpus")
             result = stage_work.evaluate_systems(
-                best, corpus, index_folder, retrievers, self.qa_dev, evaluated, preset, folder
+                best,
+                corpus,
+                index_folder,
+                retrievers,
+                self.qa_dev,
+                evaluated,
+                preset,
+                folder,
+                until,
+                MIN_EVAL_QUESTIONS,
             )
             named = str(self.options.qa_dev)
             return result | {"question_set": named if named in QUESTION_SETS else None}
@@ -262,6 +276,7 @@ class Pipeline:
             "after": [qa.fingerprint, *(s.fingerprint for s, _ in zero_shot.values())],
             "systems": stage_work.SYSTEMS,
             "questions": len(evaluated),
+            "until": until,
         }
         return self.stages.run("eval", settings, work)
 
@@ -269,25 +284,24 @@ class Pipeline:
         """The paper's Table 3 in miniature, and masked-span accuracy with and without retrieval (held out)."""
 
         assert self.plan is not None
-        timing = self.timed("examples")
-        sentences = self.plan.work.scored_sentences if timing is None or timing.sample is None else timing.sample
+        timing = self.timed("examples")  # with a budget: up to SCORED_SENTENCES, until the stage's end
+        sentences = self.plan.work.scored_sentences if timing is None else SCORED_SENTENCES
+        until = None if timing is None else timing.ends_at
 
         def work(folder: Path, resume: bool) -> dict:
-            corpus = self.stages.output("corpus")
-            return stage_work.pretraining_examples(corpus, self.stages.output(realm), preset, sentences)
+            corpus, realm_run = self.stages.output("corpus"), self.stages.output(realm)
+            return stage_work.pretraining_examples(corpus, realm_run, preset, sentences, until, MIN_SCORED_SENTENCES)
 
-        scoring = stage_work.SCORING | {"sentences": sentences}
+        scoring = stage_work.SCORING | {"sentences": sentences, "until": until}
         return self.stages.run(
             "examples", {"after": [realm.fingerprint], "pool": stage_work.EXAMPLE_POOL, "scoring": scoring}, work
         )
 
     def dev_sample(self) -> list[QAExample]:
-        """The dev questions evaluation answers: a seeded sample (work.py: dev_sample) of the size that fitted the
-        time left as the evaluation began (without a budget: the plan's)."""
+        """The dev questions evaluation answers without a budget, and the ablations with one (each compared on the
+        same questions): a seeded sample (work.py: dev_sample) of the plan's size."""
         assert self.plan is not None
-        timing = self.timed("eval")
-        size = self.plan.work.eval_questions if timing is None or timing.sample is None else timing.sample
-        return stage_work.dev_sample(self.qa_dev, size)
+        return stage_work.dev_sample(self.qa_dev, self.plan.work.eval_questions)
 
     def ablations(
         self,

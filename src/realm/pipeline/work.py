@@ -22,11 +22,19 @@ from realm.data.blocks import BlockStore, build_corpus
 from realm.data.qa_examples import QAExample, tuning_split
 from realm.data.recoverable import SpanFinder
 from realm.data.sentences import SentenceSet, sentences_path
-from realm.eval.answerer import load_answerer, load_answerers
+from realm.eval.answerer import Answerer, load_answerer, load_answerers
 from realm.eval.intervals import bootstrap_interval
 from realm.eval.mlm import masked_span_accuracy, worked_examples
-from realm.eval.qa import compare_predictions, evaluate_qa
+from realm.eval.qa import (
+    AnsweredQuestion,
+    answer_questions,
+    compare_predictions,
+    evaluate_qa,
+    summarise,
+    write_predictions,
+)
 from realm.eval.retrieval import answer_in_corpus, first_answer_ranks, paired_recall, recall_from_ranks
+from realm.eval.time_limit import TimeLimit
 from realm.index.build import build_from_retriever
 from realm.index.mips import MipsIndex
 from realm.index.search import open_searcher, search_all
@@ -45,15 +53,22 @@ EXAMPLE_POOL = 100  # held-out sentences searched for the worked examples
 # span each (docs/log/2026-11-26-results-retrieval-steps-on-a-gpu-how-far-more-of-them-go-fourth-part.md)
 SCORING: dict[str, Any] = {"every_span": True, "sample_seed": 0}
 DEV_SAMPLE_SEED = 0
+EVAL_CHUNK = 64  # dev questions every system answers before the clock is read again
+
+
+def dev_order(questions: Sequence[QAExample]) -> list[QAExample]:
+    """The dev questions in the order evaluation answers them: shuffled with DEV_SAMPLE_SEED, the same on every run of
+    the same file, so that the first n of them, however many the clock lets it answer, are a seeded sample."""
+    rows = np.random.default_rng(DEV_SAMPLE_SEED).permutation(len(questions))
+    return [questions[i] for i in rows.tolist()]
 
 
 def dev_sample(questions: Sequence[QAExample], size: int | None) -> list[QAExample]:
-    """The dev questions the evaluation answers: `size` of them drawn with DEV_SAMPLE_SEED (None, or as many as
-    there are: all), in file order, the same on every run of the same file."""
+    """`size` of the dev questions (None, or as many as there are: all): the first of `dev_order`, in file order."""
     if size is None or size >= len(questions):
         return list(questions)
-    rows = np.random.default_rng(DEV_SAMPLE_SEED).choice(len(questions), size=size, replace=False)
-    return [questions[i] for i in sorted(rows.tolist())]
+    position = {id(e): i for i, e in enumerate(questions)}
+    return sorted(dev_order(questions)[:size], key=lambda e: position[id(e)])
 
 
 def build_corpus_folder(
@@ -248,31 +263,65 @@ def evaluate_systems(
     evaluated: Sequence[QAExample],
     preset: Preset,
     folder: Path,
+    until: float | None = None,
+    least: int = 0,
 ) -> dict:
     """EM, recall@k and outcomes of the fine-tuned model `best` with each retriever (dense over `index_folder`,
-    BM25, hybrid) on the dev questions `evaluated` (the plan's sample of `dev`), the paired EM differences between
-    them; recall@k of each zero-shot retriever (label -> (its index folder, the retriever folder)) on all of `dev`,
-    REALM's paired against its start's, and the share of `dev` whose answer the `corpus` holds."""
+    BM25, hybrid) on the dev questions `evaluated`, answered in their order until `until` (time.time(); None: all
+    of them; at least `least` whatever the clock),
+    the paired EM differences between them; recall@k of each zero-shot retriever (label -> (its index folder, the
+    retriever folder)) on all of `dev`, REALM's paired against its start's, and the share of `dev` whose answer
+    the `corpus` holds. What does not depend on the sample comes first, so that the clock sizes the sample last."""
 
-    result: dict = {"questions": {"evaluated": len(evaluated), "dev": len(dev), "seed": DEV_SAMPLE_SEED}}
-    answerers = load_answerers(str(best), index_folder, preset, SYSTEMS)  # a block two systems retrieve is read once
-    for kind in SYSTEMS:
-        result[kind] = evaluate_qa(answerers[kind], evaluated, RECALL_KS, folder / f"predictions_{kind}.jsonl")
-    result["paired"] = {
-        f"{a} - {b}": compare_predictions(folder / f"predictions_{a}.jsonl", folder / f"predictions_{b}.jsonl")
-        for a, b in (("dense", "bm25"), ("hybrid", "bm25"), ("hybrid", "dense"))
-    }
     ranks = {
         label: zero_shot_ranks(index_dir, retriever_folder, dev, max(RECALL_KS), preset)
         for label, (index_dir, retriever_folder) in zero_shot.items()
     }
     write_json_atomic(folder / "zero_shot_ranks.json", ranks)  # per dev question, in file order
+    coverage = answer_coverage(corpus, dev)
+    answerers = load_answerers(str(best), index_folder, preset, SYSTEMS)
+    limit = TimeLimit(until, least) if until is not None else None  # its pace timed from here
+    answered, seconds = answer_until(answerers, evaluated, limit)
+    result: dict = {
+        "questions": {"evaluated": len(answered["dense"]), "dev": len(dev), "seed": DEV_SAMPLE_SEED}
+        | ({"offered": len(evaluated), "until": limit.to_dict()} if limit is not None else {})
+    }
+    position = {id(e): i for i, e in enumerate(dev)}
+    for kind in SYSTEMS:  # in dev file order: the same questions as dev_sample of that many
+        answered[kind].sort(key=lambda a: position[id(a.example)])
+        write_predictions(folder / f"predictions_{kind}.jsonl", answered[kind])
+        result[kind] = summarise(answered[kind], RECALL_KS, answerers[kind].k, "orqa", seconds[kind])
+    result["paired"] = {
+        f"{a} - {b}": compare_predictions(folder / f"predictions_{a}.jsonl", folder / f"predictions_{b}.jsonl")
+        for a, b in (("dense", "bm25"), ("hybrid", "bm25"), ("hybrid", "dense"))
+    }
     for label, first in ranks.items():
         result[f"zero_shot/{label}"] = {k: round(v, 2) for k, v in recall_from_ranks(first, RECALL_KS).items()}
     result["realm_vs_start"] = realm_against_its_start(ranks)
-    result["answer_coverage"] = answer_coverage(corpus, dev)
+    result["answer_coverage"] = coverage
     write_model_card(best, best.parent, qa_figures(result))
     return result
+
+
+def answer_until(
+    answerers: dict[str, Answerer], questions: Sequence[QAExample], limit: TimeLimit | None
+) -> tuple[dict[str, list[AnsweredQuestion]], dict[str, float]]:
+    """`questions` answered by each system (kind -> answerer), in their order, EVAL_CHUNK at a time (every system
+    answers a chunk before the next: a block two systems retrieve is read once, and each system answers the same
+    questions), until `limit` fits no more (None: all); with the seconds each system took."""
+    answered: dict[str, list[AnsweredQuestion]] = {kind: [] for kind in answerers}
+    seconds = dict.fromkeys(answerers, 0.0)
+    done = 0
+    while done < len(questions):
+        more = min(EVAL_CHUNK, len(questions) - done)
+        if limit is not None and not (more := limit.fits(done, more)):
+            break
+        for kind, answerer in answerers.items():
+            started = time.monotonic()
+            answered[kind] += answer_questions(answerer, questions[done : done + more], max(RECALL_KS))
+            seconds[kind] += time.monotonic() - started
+        done += more
+    return answered, seconds
 
 
 def qa_figures(evaluation: dict) -> dict[str, str]:
@@ -302,9 +351,12 @@ def held_out_scoring(corpus: Path, realm_run: Path, preset: Preset) -> tuple:
     return model, held_out, store, MipsIndex(realm_run / "index"), SpanFinder(store, model.retriever.tokenizer)
 
 
-def pretraining_examples(corpus: Path, realm_run: Path, preset: Preset, sentences: int) -> dict:
-    """Worked examples and masked-span accuracy of a `train pretrain` output on held-out sentences of `corpus`
-    (`sentences` of them drawn with SCORING's seed, where there are more)."""
+def pretraining_examples(
+    corpus: Path, realm_run: Path, preset: Preset, sentences: int, until: float | None = None, least: int = 0
+) -> dict:
+    """Worked examples and masked-span accuracy of a `train pretrain` output on held-out sentences of `corpus`:
+    at most `sentences` of them, in an order drawn with SCORING's seed, until `until` (time.time(); None: all
+    `sentences`; at least `least` whatever the clock)."""
 
     model, held_out, store, index, finder = held_out_scoring(corpus, realm_run, preset)
     if not len(held_out):
@@ -314,15 +366,25 @@ def pretraining_examples(corpus: Path, realm_run: Path, preset: Preset, sentence
         )
     k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
     examples = worked_examples(model, held_out, store, index, k, tokens, masks, pool=EXAMPLE_POOL, finder=finder)
-    sample = held_out.sample(sentences, SCORING["sample_seed"])
+    limit = TimeLimit(until, least) if until is not None else None  # its pace timed from here
     scored = masked_span_accuracy(  # the null document alone is candidate 0 of the same pass
-        model, sample, store, index, k, tokens, masks, finder=finder, every_span=SCORING["every_span"]
+        model,
+        held_out.shuffled(SCORING["sample_seed"]),
+        store,
+        index,
+        k,
+        tokens,
+        masks,
+        limit=sentences,
+        finder=finder,
+        every_span=SCORING["every_span"],
+        until=limit,
     )
     scored.pop("per_sentence_gain")  # the record keeps the summary
     write_model_card(realm_run, realm_run, pretraining_figures(scored, k))
     return {
         "held_out_sentences": len(held_out),  # with a maskable salient span
-        "scored_sentences": len(sample),
+        "scored_sentences": scored["sentences"],
         "held_out_sentences_tagged": held_out.tagged,
         "held_out_part": "test",  # of the held-out documents (data/sentences.py: document_part)
         "pool": EXAMPLE_POOL,
