@@ -1,7 +1,7 @@
 """QA's beam labels from the answer index (`AnswerBlocks`) against `has_answer` on every block: that they agree on
 every (question, block) pair, and what each costs, measured in the same run.
 
-    python benchmarks/answer_blocks.py --corpus runs/main50/corpus --qa ../shared/data/qa/squad_open_dev.jsonl \
+    python benchmarks/answer_blocks.py --corpus runs/main50/corpus --qa squad-open-dev \
         --questions 60
 """
 

@@ -4,7 +4,7 @@ alternating round by round. Prints seconds, the rows the reader read, and each s
 agree: sharing changes what is read, not what is answered).
 
     python benchmarks/eval_shared_reads.py --model runs/qa50/qa/best --index runs/qa50/realm_index/index \\
-        --qa ../shared/data/qa/squad_open_dev.jsonl --limit 300 --rounds 2
+        --qa squad-open-dev --limit 300 --rounds 2
 """
 
 from __future__ import annotations

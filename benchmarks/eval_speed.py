@@ -6,7 +6,7 @@ round. The figure is the evaluation's own `seconds` (retrieval + reading, model 
 questions asked; the exact match of both must agree (same model, same questions).
 
     python benchmarks/eval_speed.py --base 9269e25 --index data/load/index \\
-        --qa ../shared/data/qa/squad_open_dev.jsonl --limit 200 --rounds 2
+        --qa squad-open-dev --limit 200 --rounds 2
 """
 
 from __future__ import annotations

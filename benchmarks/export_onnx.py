@@ -7,7 +7,7 @@
   the questions and the blocks itself (exact inner-product search), and the paired difference of int8 and fp32
   ONNX against the torch path, with its 95% interval.
 
-    python benchmarks/export_onnx.py --corpus runs/corpus --qa ../shared/data/qa/squad_open_dev.jsonl [--model minilm]
+    python benchmarks/export_onnx.py --corpus runs/corpus --qa squad-open-dev [--model minilm]
 """
 
 from __future__ import annotations

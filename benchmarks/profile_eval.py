@@ -2,7 +2,7 @@
 `torch.profiler` (the op table, by self time) and cProfile (the Python side: tokenising blocks, composing
 answers).
 
-    python benchmarks/profile_eval.py --index data/load/index --qa ../shared/data/qa/squad_open_dev.jsonl --limit 80
+    python benchmarks/profile_eval.py --index data/load/index --qa squad-open-dev --limit 80
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 phase, then one step under `torch.profiler` with the operators grouped (matmuls, attention softmax, the rest),
 and the optimiser alone: clip + AdamW step over the model's parameters, fused (ours) vs per-op `foreach`.
 
-    python benchmarks/profile_step.py --index data/load/index --qa ../shared/data/qa/squad_open_train.jsonl
+    python benchmarks/profile_step.py --index data/load/index --qa squad-open-train
 """
 
 from __future__ import annotations

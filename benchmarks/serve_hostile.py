@@ -8,7 +8,7 @@ p95 against its unloaded p95, and GET /health's. Last, `--clients` authorised cl
 32 requests in flight: some get 503) while /health is timed.
 
     python benchmarks/serve_hostile.py --model runs/main50/qa/best --index runs/main50/realm_index/index \\
-        --qa ../shared/data/qa/squad_open_dev.jsonl --retriever hybrid [--questions 40] [--attackers 32 200]
+        --qa squad-open-dev --retriever hybrid [--questions 40] [--attackers 32 200]
 """
 
 from __future__ import annotations

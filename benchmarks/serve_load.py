@@ -8,7 +8,7 @@ baseline of this run), then with its default micro-batching. Each phase is bound
                   service swaps to it);  6. a 100 MB POST with Content-Length and one without (chunked): each
                   must get 413, the RSS must stay flat.
 
-    python benchmarks/serve_load.py --model minilm --index data/squad/index --qa ../shared/data/qa/squad_open_dev.jsonl \\
+    python benchmarks/serve_load.py --model minilm --index data/squad/index --qa squad-open-dev \\
         --add-docs docs.jsonl [--clients 8] [--requests 200] [--seconds 120] [--soak 3]
 """
 

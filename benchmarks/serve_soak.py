@@ -8,7 +8,7 @@ no burst after the third ends above the third's RSS by more than `--tolerance`: 
 (the first bursts fill the allocator and the kernel caches).
 
     python benchmarks/serve_soak.py --model runs/main50/qa/best --index runs/main50/realm_index/index \\
-        --qa ../shared/data/qa/squad_open_dev.jsonl --add-docs examples/corpus.jsonl --retriever hybrid \\
+        --qa squad-open-dev --add-docs examples/corpus.jsonl --retriever hybrid \\
         [--bursts 12] [--clients 64] [--seconds 15] [--json soak.json]
 """
 

@@ -10,15 +10,15 @@ index builder's own path (`build_index`: embed every block of the corpus, publis
 
     # paper shapes (BERT-base, 288-wordpiece blocks, 96-wordpiece queries), random weights, on a GPU
     python benchmarks/train_throughput.py --corpus data/paper_corpus --preset paper --model random \\
-        --qa ../shared/data/qa/squad_open_train.jsonl --ict-batch 256 --realm-batch 32 --qa-batch 16
+        --qa squad-open-train --ict-batch 256 --realm-batch 32 --qa-batch 16
     # cpu-preset shapes (MiniLM), real weights, larger batches
     python benchmarks/train_throughput.py --corpus data/dev/corpus --preset cpu --model minilm \\
-        --qa ../shared/data/qa/squad_open_train.jsonl --ict-batch 512 --realm-batch 64 --candidates 8 --qa-batch 32
+        --qa squad-open-train --ict-batch 512 --realm-batch 64 --candidates 8 --qa-batch 32
 
 Side by side with the code before a change, and with the naive reference, in one invocation:
 
     python benchmarks/train_throughput.py --corpus data/bench/corpus --preset cpu --model minilm \
-        --qa ../shared/data/qa/squad_open_train.jsonl --base 9269e25,cf41f60 --rounds 2
+        --qa squad-open-train --base 9269e25,cf41f60 --rounds 2
 
 runs the variants as child processes, alternating round by round so machine noise hits all alike: each `base`
 revision (its own copy of this script and package, from a temporary git worktree), `this` (this tree) and `naive`

@@ -1,8 +1,8 @@
 """BM25 with Snowball stemming against exact word forms: recall@k of answer-bearing blocks on each question set,
 and the paired recall@5 difference with its 95% bootstrap interval (both measured in the same run).
 
-    python experiments/bm25_stemming.py --corpus runs/pre/corpus --qa ../shared/data/qa/squad_open_dev.jsonl \
-        --qa ../shared/data/qa/webquestions_train.jsonl --qa ../shared/data/qa/curatedtrec_train.regex.jsonl
+    python experiments/bm25_stemming.py --corpus runs/pre/corpus --qa squad-open-dev \
+        --qa <WebQuestions train JSONL> --qa <CuratedTrec train .regex.jsonl>
 """
 
 from __future__ import annotations

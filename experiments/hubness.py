@@ -16,7 +16,7 @@ With --questions QA.jsonl it also prints dense recall@k of those questions as th
 centring: they hold no [MASK]) and with the alternative of centring every query (the centre subtracted from
 the query tower's LayerNorm bias), which is why only masked queries are centred.
 
-    python experiments/hubness.py --retriever minilm=data/exp/index --questions ../shared/data/qa/squad_open_dev.jsonl
+    python experiments/hubness.py --retriever minilm=data/exp/index --questions squad-open-dev
 
     python experiments/hubness.py --retriever minilm=data/exp/index [--retriever runs/x/realm=runs/x/realm/index]
 """

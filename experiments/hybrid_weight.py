@@ -9,7 +9,7 @@ over the query's candidates (BM25's scale varies with the query's terms; f's doe
 fusion (Cormack et al. 2009, sum of 1 / (60 + rank); no weight, not differentiable, a reference only).
 
     python experiments/hybrid_weight.py --model minilm --index data/exp/index \
-        --qa ../shared/data/qa/squad_open_train.jsonl --limit 2000
+        --qa squad-open-train --limit 2000
 """
 
 from __future__ import annotations

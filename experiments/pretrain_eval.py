@@ -17,7 +17,7 @@ with the same seeded masks for every model. For each `--run` (a `realm train pre
 
     python experiments/pretrain_eval.py --corpus runs/pipe120/corpus \
         --warm-start runs/pipe120/ict/retriever=runs/pipe120/ict_index/index \
-        --run realm=runs/pipe120/realm=runs/pipe120/realm_index/index --qa ../shared/data/qa/squad_open_dev.jsonl
+        --run realm=runs/pipe120/realm=runs/pipe120/realm_index/index --qa squad-open-dev
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and against the first `--compare` output, with 95% intervals over questions (the
 change in QA fine-tuning, so the rows differ only in the query tower).
 
     python experiments/qa_variant.py --index runs/qa/baseline_index/index \
-        --train ../shared/data/qa/squad_open_train.jsonl --qa-articles ../shared/data/raw/squad-dev-v1.1.json.zip \
+        --train squad-open-train --qa-articles src/realm/data/shipped/squad-dev-v1.1.json.zip \
         --train-limit 2400 --out runs/qa_rlr1e-4 --set retriever_lr=1e-4 --compare runs/qa_rlr1e-5
 
 Resumable: run it again (a finished output is read back, not trained again).

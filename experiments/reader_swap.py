@@ -5,8 +5,8 @@ articles, `tuning_split`: a choice between readers is a setting, never made on t
 It separates what the pipeline's retriever ablation mixes: the ICT-only baseline changes the reader as well.
 
     python experiments/reader_swap.py --run-dir runs/qa50 --retriever realm --index realm_index/index \
-        --reader realm/reader --qa-train ../shared/data/qa/squad_open_train.jsonl \
-        --qa-articles ../shared/data/raw/squad-dev-v1.1.json.zip --steps 300 --out runs/swap/realm_reader
+        --reader realm/reader --qa-train squad-open-train \
+        --qa-articles src/realm/data/shipped/squad-dev-v1.1.json.zip --steps 300 --out runs/swap/realm_reader
     realm eval compare runs/swap/realm_reader/predictions_dense.jsonl runs/swap/minilm_reader/predictions_dense.jsonl
 
 Resumes after a kill (the trainer continues from its newest checkpoint in --out).

@@ -6,7 +6,7 @@ it. Each pair is a retriever of its own: the query tower of one checkpoint, the 
 the index check (a document tower must be the one that built the index) still holds. The paired difference
 in hit@5 is against the first `--retriever`'s own pair, over the same questions.
 
-    python experiments/tower_swap.py --qa ../shared/data/qa/squad_open_dev.jsonl \
+    python experiments/tower_swap.py --qa squad-open-dev \
         --retriever ict=runs/pre/ict/retriever=runs/ict_index --retriever realm=runs/pre/realm/retriever=runs/realm_index
 
 Runs that kept the warm start's document tower (`--doc-tower fixed`) differ in their query towers alone:

@@ -86,8 +86,8 @@ def test_sets_are_read_out_of_the_jar_checked_and_written_as_jsonl(tmp_path, mon
 
 def test_squad_open_ships_with_the_package_split_by_article(tmp_path, monkeypatch):
     monkeypatch.setenv("REALM_CACHE", str(tmp_path))
-    train, dev = (load_qa(question_file(name)) for name in ("squad-open-train", "squad-open-dev"))
-    assert (len(train), len(dev)) == (9074, 1496)
+    train, dev = (load_qa(name) for name in ("squad-open-train", "squad-open-dev"))  # a set's name reads its file
+    assert (len(train), len(dev)) == (9074, 1496) and load_qa(question_file("squad-open-dev")) == dev
     dev_articles = {e.article for e in dev}
     assert dev_articles == {a.replace("_", " ") for a in SQUAD_OPEN_DEV_ARTICLES}
     assert not dev_articles & {e.article for e in train}  # no article on both sides

@@ -86,7 +86,6 @@ def cmd_eval_beir(args: argparse.Namespace) -> int:
 
 def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     from realm.data.qa_examples import load_qa
-    from realm.data.question_sets import question_file
     from realm.eval.retrieval import recall_at_k
     from realm.index.search import search_all
 
@@ -95,7 +94,7 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     if args.beir:
         return cmd_eval_beir(args)
     ks = args.k
-    examples = load_qa(question_file(args.qa))
+    examples = load_qa(args.qa)
     if args.limit:
         examples = examples[: args.limit]
     started = time.monotonic()
@@ -122,11 +121,10 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
 
 def cmd_eval_qa(args: argparse.Namespace) -> int:
     from realm.data.qa_examples import load_qa
-    from realm.data.question_sets import question_file
     from realm.eval.answerer import load_answerer
     from realm.eval.qa import evaluate_qa
 
-    examples = load_qa(question_file(args.qa))[: args.limit]
+    examples = load_qa(args.qa)[: args.limit]
     answerer = load_answerer(args.model, args.index, resolve_preset(args, "qa"), args.retriever, corpus=args.corpus)
     predictions = Path(args.out) if args.out else None
     result = evaluate_qa(answerer, examples, args.recall_k, predictions, args.exact_match)

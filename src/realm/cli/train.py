@@ -45,14 +45,13 @@ def cmd_train_pretrain(args: argparse.Namespace) -> int:
 
 def cmd_train_qa(args: argparse.Namespace) -> int:
     from realm.data.qa_examples import load_qa
-    from realm.data.question_sets import question_file
     from realm.recipes.finetune_qa import train_qa
 
     best = train_qa(
         args.model,
         Path(args.index),
-        load_qa(question_file(args.train)),
-        load_qa(question_file(args.dev)),
+        load_qa(args.train),
+        load_qa(args.dev),
         Path(args.out),
         resolve_preset(args, "qa"),
         resume=args.resume,

@@ -37,6 +37,7 @@ import numpy as np
 import regex
 
 from realm.common.io import write_atomic
+from realm.data.question_sets import question_file
 from realm.data.sources import open_text
 
 log = logging.getLogger(__name__)
@@ -185,9 +186,9 @@ def is_answer_span(text: str, example: QAExample) -> bool:
 
 def load_qa(path: str | Path, articles: dict[str, str] | None = None) -> list[QAExample]:
     """`{"question": str, "answer": [str, ...]}` per line, optionally `"title"`: the question's article;
-    `*.regex.jsonl` marks regex answers. `articles`: question -> article title for a file that names none
-    (`sources.squad_question_titles`)."""
-    path = Path(path)
+    `*.regex.jsonl` marks regex answers. `path`: a file, or a named question set (question_sets.py: written on
+    first use). `articles`: question -> article title for a file that names none (`sources.squad_question_titles`)."""
+    path = question_file(path)
     regex = path.name.endswith((".regex.jsonl", ".regex.jsonl.gz"))
     examples = []
     with open_text(path) as lines:
