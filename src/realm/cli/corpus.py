@@ -8,7 +8,7 @@ from pathlib import Path
 
 from realm.cli.options import common, positive_int, resolve_preset
 from realm.common.weights import MINILM
-from realm.data.sources import VITAL_ARTICLES
+from realm.data.sources import SQUAD_PARAGRAPHS, VITAL_ARTICLES
 
 
 def cmd_corpus_build(args: argparse.Namespace) -> int:
@@ -43,7 +43,7 @@ def add_commands(commands) -> None:
     build.add_argument(
         "inputs",
         nargs="+",
-        help=f"JSONL(.gz) / DPR passage .tsv(.gz) / Parquet / SQuAD .json|.zip files, or {VITAL_ARTICLES!r}",
+        help=f"JSONL(.gz) / DPR passage .tsv(.gz) / Parquet / SQuAD .json|.zip files, or {VITAL_ARTICLES!r} / {SQUAD_PARAGRAPHS!r}",
     )
     build.add_argument("--out", required=True, help="corpus folder")
     build.add_argument("--tokenizer", default=MINILM, help="'minilm' or a folder with a BERT tokenizer")

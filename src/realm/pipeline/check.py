@@ -89,10 +89,14 @@ def recorded_runs(records: Path, command: str) -> list[Path]:
     """The recorded runs of `command` under `records` (a folder of run records, e.g. docs/runs)."""
     if not records.is_dir():
         raise FileNotFoundError(f"{records}: no such folder of run records (pass --against docs/runs of a clone)")
-    runs = [d for d in sorted(records.iterdir()) if (d / "plan.json").is_file()]
-    same = [d for d in runs if command_of(json.loads((d / "plan.json").read_text())) == command]
+    commands = {
+        d: command_of(json.loads((d / "plan.json").read_text()))
+        for d in sorted(records.iterdir())
+        if (d / "plan.json").is_file()
+    }
+    same = [d for d, recorded in commands.items() if recorded == command]
     if not same:
-        known = sorted({command_of(json.loads((d / "plan.json").read_text())) for d in runs})
+        known = sorted(set(commands.values()))
         raise ValueError(f"no record of `{command}` under {records}; recorded commands: {'; '.join(known)}")
     return same
 
