@@ -267,11 +267,11 @@ def evaluate_systems(
     least: int = 0,
 ) -> dict:
     """EM, recall@k and outcomes of the fine-tuned model `best` with each retriever (dense over `index_folder`,
-    BM25, hybrid) on the dev questions `evaluated`, answered in their order until `until` (time.time(); None: all
-    of them; at least `least` whatever the clock),
-    the paired EM differences between them; recall@k of each zero-shot retriever (label -> (its index folder, the
-    retriever folder)) on all of `dev`, REALM's paired against its start's, and the share of `dev` whose answer
-    the `corpus` holds. What does not depend on the sample comes first, so that the clock sizes the sample last."""
+    BM25, hybrid) on the dev questions `evaluated` (`dev`'s own examples), answered in their order until `until`
+    (time.time(); None: all of them; at least `least` whatever the clock), the paired EM differences between them;
+    recall@k of each zero-shot retriever (label -> (its index folder, the retriever folder)) on all of `dev`,
+    REALM's paired against its start's, and the share of `dev` whose answer the `corpus` holds. What does not
+    depend on the sample comes first, so that the clock sizes the sample last."""
 
     ranks = {
         label: zero_shot_ranks(index_dir, retriever_folder, dev, max(RECALL_KS), preset)
