@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,7 +252,6 @@ class SentenceSet:
     def with_salient_spans(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int, max_masks: int) -> SentenceSet:
         """The sentences with at least one maskable salient span (`maskable_spans`), in order; `tagged` still
         counts every sentence of the split, so `len(kept) / kept.tagged` is the share salient masking can use."""
-        kept = copy.copy(self)
         rows = []
         for start in range(0, len(self.texts), 1024):  # one fast-tokenizer call per chunk
             enc = tokenizer(
@@ -266,10 +266,7 @@ class SentenceSet:
                 for i, offsets in enumerate(enc["offset_mapping"])
                 if maskable_spans(self.spans[start + i], offsets, max_masks)
             ]
-        kept.doc_ids, kept.texts, kept.spans = (
-            [values[i] for i in rows] for values in (self.doc_ids, self.texts, self.spans)
-        )
-        return kept
+        return self._rows(rows)
 
     def sample(self, size: int, seed: int = 0) -> SentenceSet:
         """`size` sentences drawn at random with `seed` (all where there are no more), in order: a scored sample
@@ -277,6 +274,10 @@ class SentenceSet:
         if size >= len(self.texts):
             return self
         rows = sorted(np.random.default_rng(seed).choice(len(self.texts), size=size, replace=False).tolist())
+        return self._rows(rows)
+
+    def _rows(self, rows: Sequence[int]) -> SentenceSet:
+        """A copy holding these rows' sentences, in this order (`tagged` kept)."""
         kept = copy.copy(self)
         kept.doc_ids, kept.texts, kept.spans = (
             [values[i] for i in rows] for values in (self.doc_ids, self.texts, self.spans)
@@ -287,11 +288,7 @@ class SentenceSet:
         """Every sentence, in an order drawn with `seed`: the first n of it, however many a clock lets be scored,
         are a sample spread over every held-out document."""
         rows = np.random.default_rng(seed).permutation(len(self.texts)).tolist()
-        kept = copy.copy(self)
-        kept.doc_ids, kept.texts, kept.spans = (
-            [values[i] for i in rows] for values in (self.doc_ids, self.texts, self.spans)
-        )
-        return kept
+        return self._rows(rows)
 
     def with_recoverable_spans(self, finder: SpanFinder) -> SentenceSet:
         """Each sentence's salient spans reduced to those a block of another document holds (data/recoverable.py),

@@ -59,16 +59,18 @@ EVAL_CHUNK = 64  # dev questions every system answers before the clock is read a
 def dev_order(questions: Sequence[QAExample]) -> list[QAExample]:
     """The dev questions in the order evaluation answers them: shuffled with DEV_SAMPLE_SEED, the same on every run of
     the same file, so that the first n of them, however many the clock lets it answer, are a seeded sample."""
-    rows = np.random.default_rng(DEV_SAMPLE_SEED).permutation(len(questions))
-    return [questions[i] for i in rows.tolist()]
+    return [questions[i] for i in _dev_rows(len(questions))]
 
 
 def dev_sample(questions: Sequence[QAExample], size: int | None) -> list[QAExample]:
     """`size` of the dev questions (None, or as many as there are: all): the first of `dev_order`, in file order."""
     if size is None or size >= len(questions):
         return list(questions)
-    position = {id(e): i for i, e in enumerate(questions)}
-    return sorted(dev_order(questions)[:size], key=lambda e: position[id(e)])
+    return [questions[i] for i in sorted(_dev_rows(len(questions))[:size])]
+
+
+def _dev_rows(count: int) -> list[int]:
+    return np.random.default_rng(DEV_SAMPLE_SEED).permutation(count).tolist()
 
 
 def build_corpus_folder(
