@@ -20,8 +20,8 @@ G=$(realpath -m "${GPU_STAGE:-.gpu}")
 R=${RUN:-runs/gpu}
 BASE=${BASE:-d1c3134}
 PY=${PYTHON:-python3}
-TRAIN=${QA_TRAIN:-$G/cache/question-sets/squad-open-train.jsonl}
-DEV=${QA_DEV:-$G/cache/question-sets/squad-open-dev.jsonl}
+TRAIN=${QA_TRAIN:-$G/cache/question-sets/squad-open-train.contexts.jsonl}
+DEV=${QA_DEV:-$G/cache/question-sets/squad-open-dev.contexts.jsonl}
 # the bare pipeline's inputs: the same blocks, the same fingerprint, the staged spans found
 INPUTS="vital-articles squad-paragraphs"
 # the GPU recipe's shapes (config.py: the gpu preset), given as flags so that the base revision measures them too

@@ -189,6 +189,36 @@ class QAConfig:
 
 
 @dataclass(frozen=True)
+class ReadingConfig:
+    """The reading stage before open-QA fine-tuning (recipes/reading.py): the span reader trained on one block
+    holding the answer and `negatives` retrieved blocks without it per question, so that the minutes of a budget buy
+    several passes over the questions where ORQA's steps (five retrieved blocks a question) buy less than one. Not
+    in ORQA or REALM: `epochs` 0 (the paper preset) runs none."""
+
+    epochs: float = 0.0  # passes over the training questions that have an answer-bearing block (0: no stage)
+    batch_size: int = 16  # questions a step
+    negatives: int = 1  # retrieved blocks without an answer read beside the one with it
+    depth: int = 20  # the retrieved blocks searched for the answer-bearing block and the negatives
+    lr: float = 1e-4
+    head_lr_multiplier: float = 10.0  # the span head starts fresh
+    steps: int | None = None  # None: `epochs` passes (a budget sets the steps)
+    lr_warmup: int | None = None  # None: a tenth of the steps; a deadline settles it
+    decay_from: int = 0  # the decay starts no earlier than this step (a deadline's timed steps: training.py)
+    checkpoint_every: int = 100
+    log_every: int = 10
+    seed: int = 0
+
+    def total_steps(self, num_questions: int) -> int:
+        """`steps` if set, else `epochs` passes over `num_questions` (0: no reading stage)."""
+        if self.steps is not None:
+            return self.steps
+        return math.ceil(self.epochs * num_questions / self.batch_size) if self.epochs > 0 else 0
+
+    def warmup_steps(self, total_steps: int) -> int:
+        return self.lr_warmup if self.lr_warmup is not None else max(1, total_steps // 10)
+
+
+@dataclass(frozen=True)
 class StageCosts:
     """What a unit of work costs, so `realm pipeline --budget-minutes` can scale step counts to fit: measured on the
     machine before planning (pipeline/calibrate.py); these constants (the 2-core development machine, at 62bcf5a,
@@ -206,6 +236,11 @@ class StageCosts:
     query_tower_pretrain_step: float = 1.9
     null_pretrain_step: float = 0.5  # the null document alone (--null-warmup-steps): 0.47 s measured
     qa_step: float = 2.4
+    # a reading step (16 questions x 2 blocks: 32 reader rows against QA's 40, no query tower): not measured where
+    # calibration cannot run; QA's step x 32/40
+    read_step: float = 1.9
+    read_question: float = 0.02  # finding a training question's answer-bearing block and negatives (retrieval)
+    read_startup: float = 15.0
     qa_question: float = 0.09  # evaluating one question with one retriever and the reader
     # one question with dense, BM25 and hybrid retrieval, which share the blocks read: here 3x one, an upper bound
     qa_systems_question: float = 0.27
@@ -232,6 +267,8 @@ FP32_CPU_COSTS = StageCosts(
     query_tower_pretrain_step=3.4,
     null_pretrain_step=0.55,
     qa_step=4.0,
+    read_step=3.2,
+    read_question=0.04,
     qa_question=0.17,
     qa_systems_question=0.51,
     recall_question=0.02,
@@ -251,6 +288,7 @@ class Preset:
     ict: ICTConfig = field(default_factory=ICTConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     qa: QAConfig = field(default_factory=QAConfig)
+    reading: ReadingConfig = field(default_factory=ReadingConfig)  # before QA; the default: none (ORQA's recipe)
     costs: StageCosts = field(default_factory=StageCosts)  # with bf16 matmul (the machine the preset is sized for)
     fp32_costs: StageCosts | None = None  # in fp32, without bf16 matmul (None: the same)
     pipeline_budget_minutes: float | None = None  # `realm pipeline` default; None: the preset's own step counts
@@ -329,6 +367,11 @@ PRESETS: dict[str, Preset] = {
             checkpoint_every=50,
             log_every=5,
         ),
+        # no reading stage by default (`--reading-epochs N` runs one): at equal minutes on the tuning split it was no
+        # clear win over ORQA's fine-tuning alone (+2.0 [-1.4, +5.4] EM with no negative, 1.85 passes; -0.6 with one
+        # negative, 0.53 passes); its settings are the better of the two:
+        # docs/log/2026-12-07-results-a-reading-stage-before-orqa-fine-tuning.md
+        reading=ReadingConfig(epochs=0.0, batch_size=16, negatives=0, checkpoint_every=50, log_every=5),
         fp32_costs=FP32_CPU_COSTS,
         # buys 1,000 warm-up steps on a slow 2-core fp32 machine:
         # docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md
@@ -359,7 +402,7 @@ def _gpu_sized(cpu: Preset, scale: int = 4) -> Preset:
     def root(lr: float, factor: float = scale) -> float:  # lr x sqrt(factor), to 3 significant digits
         return float(f"{lr * math.sqrt(factor):.3g}")
 
-    pretrain, qa = cpu.pretrain, cpu.qa
+    pretrain, qa, reading = cpu.pretrain, cpu.qa, cpu.reading
     return dataclasses.replace(
         cpu,
         name="gpu",
@@ -383,6 +426,7 @@ def _gpu_sized(cpu: Preset, scale: int = 4) -> Preset:
             lr=root(qa.lr, 2),
             retriever_lr=root(qa.retriever_lr, 2) if qa.retriever_lr else None,
         ),
+        reading=dataclasses.replace(reading, batch_size=reading.batch_size * scale, lr=root(reading.lr)),
         # the cpu preset's budget: a GPU user's 70 minutes buy 70 minutes of GPU training (pipeline/plan.py)
     )
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
 
-from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, StageCosts, get_preset
+from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, ReadingConfig, StageCosts, get_preset
 from realm.index.mips import current_version, read_meta
 from realm.models.retriever import Retriever
 from realm.pipeline.calibrate import FINAL_SECONDS
@@ -76,6 +76,7 @@ def test_each_stage_is_allotted_what_is_left_less_the_stages_after_it_each_kind_
     from realm.pipeline.plan import PACE_BOUND, time_stage
 
     cpu = get_preset("cpu")
+    cpu = dataclasses.replace(cpu, reading=dataclasses.replace(cpu.reading, epochs=2.0))  # with the reading stage
     work = Workload(blocks=16772, qa_train=9074, qa_dev=1496, qa_held_out=500)
     plan = dataclasses.replace(plan_pipeline(cpu, work, 90, spent_seconds=120.0), began=0.0)
     planned = {s.name: s for s in plan.stages}
@@ -102,10 +103,19 @@ def test_each_stage_is_allotted_what_is_left_less_the_stages_after_it_each_kind_
     took["realm"], ran, stepping = realm.seconds, {"ict": ict, "realm": realm}, {"ict": 1.4 * ict_steps}
     stepping["realm"] = realm.steps * realm.step_seconds
     now += realm.seconds
+    # the reading stage (recipes/reading.py): what is left less QA and what follows it, sized at its own step
+    read = planned["read"]
+    timing = time_stage(plan, cpu, "read", took, ran, stepping, now)
+    before_read = sum(planned[name].seconds for name in ("read", "qa_start", "ict_index", "realm_index"))
+    assert timing.allotted == pytest.approx(before_read + slack - 0.4 * ict_steps, abs=1.0)
+    assert timing.deadline["step_seconds"] == cpu.costs.read_step and timing.scale < plan.scale
+    assert scale_preset(cpu, plan.scale, work.qa_train).reading.steps == read.steps > 0
+    took["read"], ran["read"], stepping["read"] = read.seconds, read, read.steps * read.step_seconds
+    now += read.seconds
     timing = time_stage(plan, cpu, "qa", took, ran, stepping, now)
-    assert timing.pace.steps == {"ict": pytest.approx(1.4), "realm": 1.0} and timing.pace.other == 1.0
-    before_qa = sum(planned[name].seconds for name in ("qa", "qa_start", "ict_index", "realm_index"))
-    assert timing.allotted == pytest.approx(before_qa + slack - 0.4 * ict_steps, abs=1.0)
+    assert timing.pace.steps == {"ict": pytest.approx(1.4), "realm": 1.0, "read": 1.0} and timing.pace.other == 1.0
+    skipped = before_read - read.seconds  # the stages between REALM and the reading stage this test did not run
+    assert timing.allotted == pytest.approx(planned["qa"].seconds + skipped + slack - 0.4 * ict_steps, abs=1.0)
     scoring = timing.deadline["scoring_seconds"]
     assert scoring == pytest.approx(500 * cpu.costs.qa_question) and timing.deadline["epoch_steps"] == 1135
     assert timing.deadline["at"] < now + timing.allotted - scoring  # the last scoring and recalls after the steps
@@ -367,6 +377,7 @@ TINY_PIPELINE = Preset(
         held_out_fraction=0.7,  # the test half of the held-out documents: tokyo
     ),
     qa=dataclasses.replace(TINY_QA, epochs=1),
+    reading=ReadingConfig(epochs=1.0, batch_size=2, depth=4, lr=1e-3, checkpoint_every=2, log_every=1),
 )
 QUESTIONS = [
     ("What is the capital of France?", "Paris"),
@@ -518,13 +529,19 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     changed = dataclasses.replace(TINY_PIPELINE, ict=dataclasses.replace(TINY_PIPELINE.ict, steps=3))
     report = Pipeline(dataclasses.replace(tiny_run, ablations=False), changed, said.append).run()
     ran = {line.split()[1].rstrip(":") for line in said if line.endswith(": running")}
-    assert {"ict", "realm", "qa_start", "qa", "examples"} <= ran and "corpus" not in ran and "warm_start" not in ran
+    assert {"ict", "realm", "qa_start", "read", "qa", "examples"} <= ran
+    assert "corpus" not in ran and "warm_start" not in ran
     start = json.loads((run / STAGES / "qa_start.json").read_text())["result"]  # the best retriever, a tie the later
     recall = start["recall@5"]
     assert not start["fixed"] and start["reader"] == "warm start" and recall[start["retriever"]] == max(recall.values())
     assert [label for label in recall if recall[label] == max(recall.values())][-1] == start["retriever"]
     qa_config = json.loads((run / "qa" / "config.json").read_text())["config"]
-    assert qa_config["reader"].endswith("warm_start/reader")
+    # without --ablations the reading stage trains the start's reader first, and QA fine-tunes from it
+    assert qa_config["reader"].endswith("read/reader")
+    assert json.loads((run / "read" / "config.json").read_text())["config"]["reader"].endswith("warm_start/reader")
+    read = json.loads((run / STAGES / "read.json").read_text())["result"]
+    assert read["read_questions"] == read["found"]["from_retrieval"] > 0 and read["steps_trained"]
+    assert "How the reader was trained: the reading stage: " in report.read_text()
     assert f"Retriever: **{start['retriever']}** (the highest" in report.read_text()
     held_out = len(QUESTIONS) // 5  # held out of fine-tuning: the start and the query tower are chosen on them
     tower = json.loads((run / STAGES / "qa.json").read_text())["result"]["query_tower"]
@@ -610,6 +627,9 @@ def test_a_budget_is_planned_from_costs_measured_here_and_a_rerun_keeps_its_plan
     stages = {s.name: s for s in plan.stages}
     assert stages["ict"].step_seconds == measured["ict_step"]
     assert stages["qa"].step_seconds == measured["qa_step"]
+    assert stages["read"].step_seconds == measured["read_step"] > 0  # the reading stage, timed like the others
+    read_fixed = measured["read_startup"] + work.qa_train * measured["read_question"]
+    assert stages["read"].fixed_seconds == pytest.approx(read_fixed) and measured["read_question"] > 0
     assert measured["qa_systems_question"] > measured["qa_question"]  # the three systems, the first one's included
     # the sample of dev questions the plan sized, with three systems; zero-shot recall of each retriever on all
     evaluated, recall = plan.work.evaluated, 3 * work.qa_dev * measured["recall_question"]  # off-the-shelf, ICT, REALM

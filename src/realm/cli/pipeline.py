@@ -24,6 +24,9 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         preset = dataclasses.replace(preset, qa=dataclasses.replace(preset.qa, retriever=args.retriever))
     ict_steps = args.ict_steps if args.ict_steps is not None else (preset.ict.steps if preset.pipeline_ict else 0)
     preset = dataclasses.replace(preset, ict=dataclasses.replace(preset.ict, steps=ict_steps))
+    if args.reading_epochs is not None:
+        reading = dataclasses.replace(preset.reading, epochs=args.reading_epochs)
+        preset = dataclasses.replace(preset, reading=reading)
     if args.dtype:  # every trainer, embedder and evaluator computes in it; the calibration measures in it
         preset = dataclasses.replace(preset, embed=dataclasses.replace(preset.embed, compute_dtype=args.dtype))
     budget = None if args.budget_minutes == 0 else (args.budget_minutes or preset.pipeline_budget_minutes)
@@ -108,6 +111,12 @@ def add_commands(commands) -> None:
         type=int,
         help="ICT steps before REALM, before the budget scales them (default: the preset's; the cpu preset trains "
         "none); 0: none, REALM starts from the warm start",
+    )
+    pipeline.add_argument(
+        "--reading-epochs",
+        type=float,
+        help="passes of the reading stage before QA fine-tuning, before the budget scales them: the reader on "
+        "answer-bearing blocks (recipes/reading.py; default: the preset's); 0: none, ORQA's recipe",
     )
     pipeline.add_argument(
         "--ablations",

@@ -44,19 +44,31 @@ def cmd_train_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_train_qa(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from realm.data.qa_examples import load_qa
     from realm.recipes.finetune_qa import train_qa
+    from realm.recipes.reading import train_reading
 
+    preset, train, reader = resolve_preset(args, "qa"), load_qa(args.train), args.reader
+    if args.reading_epochs is not None:
+        preset = dataclasses.replace(preset, reading=dataclasses.replace(preset.reading, epochs=args.reading_epochs))
+    if preset.reading.total_steps(len(train)):  # the reader first reads answer-bearing blocks (recipes/reading.py)
+        read = train_reading(
+            args.model, Path(args.index), train, Path(args.out) / "read", preset, args.resume, not args.quiet, reader
+        )
+        print(f"reading stage: reader saved to {read}")
+        reader = str(read)
     best = train_qa(
         args.model,
         Path(args.index),
-        load_qa(args.train),
+        train,
         load_qa(args.dev),
         Path(args.out),
-        resolve_preset(args, "qa"),
+        preset,
         resume=args.resume,
         progress=not args.quiet,
-        reader_spec=args.reader,
+        reader_spec=reader,
         allow_config_change=args.allow_config_change,
     )
     print(f"best model (dev exact match {json.loads((best / 'dev.json').read_text())['exact_match']:.2f}) in {best}")
@@ -193,6 +205,12 @@ def _qa_command(train) -> None:
         "--retriever",
         choices=["dense", "hybrid"],
         help="dense, or hybrid: dense + w · BM25 over the union of both top lists, w learned (default: preset)",
+    )
+    qa.add_argument(
+        "--reading-epochs",
+        type=float,
+        help="passes of the reading stage before fine-tuning: the reader on answer-bearing blocks (default: the "
+        "preset's, cpu 2; 0: none, ORQA's recipe)",
     )
     qa.add_argument("--top-k", type=positive_int, help="blocks given to the reader")
     qa.add_argument("--beam", type=positive_int, help="blocks searched for the retrieval loss")

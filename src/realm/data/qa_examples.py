@@ -28,7 +28,7 @@ import re
 import string
 import unicodedata
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache, partial, reduce
 from pathlib import Path
 from typing import Literal
@@ -55,6 +55,17 @@ class QAExample:
     answers: tuple[str, ...]
     regex: bool = False  # answers are regular expressions
     article: str | None = None  # the title of the article the question was written about, where the file names it
+    # the gold paragraph and each answer's character offset in it, where the file gives them (SQuAD's `context` and
+    # `answer_start`): the reading stage reads them (recipes/reading.py). None: an offset that does not match
+    context: str | None = None
+    answer_starts: tuple[int | None, ...] | None = None
+    where: str | None = field(default=None, compare=False)  # "file:line" it was read from
+
+    @property
+    def answer_chars(self) -> list[tuple[int, int]]:
+        """(start, end) of each answer in `context` whose offset matches it."""
+        starts = self.answer_starts or ()
+        return [(s, s + len(a)) for a, s in zip(self.answers, starts) if s is not None]
 
 
 EXACT_MATCH_RULES: dict[str, Literal["NFD"] | None] = {
@@ -210,6 +221,7 @@ def load_qa(path: str | Path, articles: dict[str, str] | None = None) -> list[QA
                 article = record.get("title")
                 if article is not None and not isinstance(article, str):
                     raise ValueError(f"'title' must be a string, got {type(article).__name__}")
+                context, starts = _context_and_starts(record, answers, regex)
                 for pattern in answers if regex else ():
                     if _compile(pattern) is None:
                         log.warning(
@@ -219,10 +231,34 @@ def load_qa(path: str | Path, articles: dict[str, str] | None = None) -> list[QA
                 raise ValueError(f"{path}:{lineno}: bad QA record: {err!r}") from err
             question = question.strip()
             article = article or (articles or {}).get(question)
-            examples.append(QAExample(question, tuple(answers), regex, article))
+            where = f"{path}:{lineno}"
+            if starts is not None and None in starts:
+                log.warning("%s: an answer_start does not match its context; that answer is found by its text", where)
+            examples.append(QAExample(question, tuple(answers), regex, article, context, starts, where))
     if not examples:
         raise ValueError(f"{path}: no QA examples")
     return examples
+
+
+def _context_and_starts(
+    record: dict, answers: list[str], regex: bool
+) -> tuple[str | None, tuple[int | None, ...] | None]:
+    """A record's optional `context` and `answer_start` (one offset per answer, SQuAD's): ValueError where they are
+    malformed; an offset whose text is not its answer's becomes None (counted by the reading stage)."""
+    context, starts = record.get("context"), record.get("answer_start")
+    if context is None:
+        if starts is not None:
+            raise ValueError("'answer_start' needs a 'context'")
+        return None, None
+    if not isinstance(context, str):
+        raise ValueError(f"'context' must be a string, got {type(context).__name__}")
+    if starts is None or regex:
+        return context, None
+    if isinstance(starts, int):
+        starts = [starts]
+    if not isinstance(starts, list) or len(starts) != len(answers) or not all(type(s) is int for s in starts):
+        raise ValueError("'answer_start' must be a list of integers, one for each answer")
+    return context, tuple(s if s >= 0 and context[s : s + len(a)] == a else None for a, s in zip(answers, starts))
 
 
 def tuning_split(examples: Sequence[QAExample]) -> tuple[list[QAExample], list[QAExample]]:

@@ -23,6 +23,7 @@ from realm.data.sources import SQUAD_DEV_ZIP, cache_dir, download_wheel, load_sq
 
 PYSERINI_WHEEL = "pyserini==0.20.0"
 PYSERINI_JAR = "pyserini/resources/jars/anserini-0.20.0-fatjar.jar"
+SHIPPED_FORMAT = "contexts"  # SQuAD-open training questions with their paragraph and answer offsets
 SQUAD_DEV_SHA256 = "6cf38c56fc7341bab8a5132f205dd7198148a6be9073ccd8ef07d55ca73b09b7"
 # SQuAD-open dev: the questions of these six articles of SQuAD v1.1 dev (1,496); training: the other 42 (9,074).
 # The split every record of the project has used (docs/runs), first drawn by a hash of the article titles.
@@ -47,6 +48,8 @@ class QuestionSet:
 
     @property
     def filename(self) -> str:
+        if self.member is None:  # the shipped sets in the form that carries paragraphs: a name of its own, so that a
+            return f"{self.name}.{SHIPPED_FORMAT}.jsonl"  # cache written without them is never read as if it had them
         return f"{self.name}.regex.jsonl" if self.regex else f"{self.name}.jsonl"
 
 
@@ -156,7 +159,10 @@ def question_file(spec: str | Path) -> Path:
 
 def _write_squad_open() -> None:
     """SQuAD-open training and dev questions from the shipped file, each naming its article (so that held-out
-    questions are whole articles); answers deduplicated in order, as the project's records have used them."""
+    questions are whole articles); answers deduplicated in order, as the project's records have used them. The
+    training questions also carry their paragraph (`context`) and each answer's character offset in it
+    (`answer_start`, the first annotator's of each distinct answer): the reading stage reads the gold paragraph
+    (recipes/reading.py). The dev questions carry neither: nothing that answers them may see their paragraph."""
     digest = hashlib.sha256(SQUAD_DEV_ZIP.read_bytes()).hexdigest()
     if digest != SQUAD_DEV_SHA256:
         raise QuestionSetError(f"{SQUAD_DEV_ZIP}: sha256 {digest}, expected {SQUAD_DEV_SHA256} (a damaged install)")
@@ -166,8 +172,12 @@ def _write_squad_open() -> None:
         title = article["title"].replace("_", " ").strip()
         for paragraph in article["paragraphs"]:
             for qa in paragraph["qas"]:
-                answers = list(dict.fromkeys(a["text"].strip() for a in qa["answers"]))
-                record = {"question": qa["question"].strip(), "answer": answers, "title": title}
+                starts: dict[str, int] = {}
+                for a in qa["answers"]:  # a stripped answer's offset moves past the whitespace it lost
+                    starts.setdefault(a["text"].strip(), a["answer_start"] + len(a["text"]) - len(a["text"].lstrip()))
+                record = {"question": qa["question"].strip(), "answer": list(starts), "title": title}
+                if part == "squad-open-train":
+                    record |= {"context": paragraph["context"], "answer_start": list(starts.values())}
                 rows[part].append(json.dumps(record, ensure_ascii=False) + "\n")
     for name, lines in rows.items():
         _write_set(QUESTION_SETS[name], lines)

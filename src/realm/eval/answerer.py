@@ -116,6 +116,7 @@ class Answerer:
         dtype: torch.dtype = torch.float32,
         selection: str = "marginal",
         read_rows: ReadRows | None = None,
+        retrieval_weight: float = 1.0,
     ):
         if selection not in ("marginal", "best_span"):
             raise ValueError(f"unknown answer selection {selection!r}: marginal or best_span")
@@ -127,6 +128,8 @@ class Answerer:
         self.batch_size = batch_size
         self.dtype = dtype
         self.read_rows = read_rows  # None: every row is read; else the rows read so far, kept (and shared)
+        # a · f(x, z) + S(s) at answer time (1: ORQA's joint softmax, as trained; experiments/retrieval_weight.py)
+        self.retrieval_weight = retrieval_weight
 
     @property
     def warning(self) -> str | None:
@@ -172,7 +175,8 @@ class Answerer:
         for b, rows in zip(asked, self._rows([questions[b] for b in asked], [hits[b] for b in asked])):
             scores, valid = padded_scores(rows)
             block_logits = retrieval_logits(hits[b], self.searcher.scores_are_retrieval_logits)
-            log_joint = joint_log_probs(block_logits[None], scores[None], valid[None])
+            weighted = self.retrieval_weight * block_logits
+            log_joint = joint_log_probs(weighted[None], scores[None], valid[None])
             blocks = [spans for _, spans in rows]
             answers[b] = compose_answer(questions[b], hits[b], blocks, block_logits, log_joint[0], self.selection)
         return [answer for answer in answers if answer is not None]  # every question has one by now

@@ -39,6 +39,7 @@ from realm.pipeline.work import SYSTEMS, held_out_scoring
 from realm.recipes.finetune_qa import BEST, train_qa
 from realm.recipes.ict import train_ict
 from realm.recipes.pretrain import train_pretrain
+from realm.recipes.reading import reading_summary, train_reading
 from realm.training import read_metrics
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,9 @@ def calibrate(
     measured |= _time_scoring(store, folder / "realm", preset)
     if qa is not None:
         measured |= _time_qa(*qa, warm_start, folder / "qa", preset)
-    for heavy in ("ict", "realm", "qa"):
+        if preset.reading.total_steps(len(qa[0])):
+            measured |= _time_reading(qa[0], qa[2], warm_start, folder / "read", preset)
+    for heavy in ("ict", "realm", "qa", "read"):
         for part in ("checkpoints", "retriever", "reader", "index"):
             shutil.rmtree(folder / heavy / part, ignore_errors=True)
     dtype = calibration_settings(preset)["dtype"].removeprefix("torch.")
@@ -257,6 +260,27 @@ def _time_qa(
     measured["recall_question"] = _timed(lambda: search_all(searcher, questions, 20)) / len(dev)
     shutil.rmtree(out / BEST)
     return measured
+
+
+def _time_reading(
+    qa_train: Sequence[QAExample], qa_index: Path, warm_start: Path, out: Path, preset: Preset
+) -> dict[str, float]:
+    """Seconds a reading step, a training question's blocks found (retrieval and labels), and the stage's start, over
+    the whole corpus's index (recipes/reading.py)."""
+    batch = preset.reading.batch_size
+    steps = UNTIMED_STEPS + timed_steps()
+    picked = np.random.default_rng(1).choice(len(qa_train), size=min(len(qa_train), 4 * batch), replace=False)
+    train = [qa_train[i] for i in picked]
+    reading = dataclasses.replace(preset.reading, steps=steps, checkpoint_every=NEVER, log_every=1)
+    called = time.time()
+    train_reading(str(warm_start), qa_index, train, out, dataclasses.replace(preset, reading=reading), progress=False)
+    step = step_seconds(out, UNTIMED_STEPS, steps)
+    finding = reading_summary(out)["found"]["seconds"]
+    return {
+        "read_step": step,
+        "read_question": finding / len(train),
+        "read_startup": max(0.0, startup_seconds(out, called, step) - finding),
+    }
 
 
 def measured_costs(preset: Preset, measured: dict[str, float], dtype: str) -> StageCosts:

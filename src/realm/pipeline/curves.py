@@ -11,6 +11,7 @@ from realm.common.io import write_atomic
 CURVES = {  # trainer stage -> the metrics plotted, in panel order
     "ict": ("loss", "accuracy"),
     "realm": ("loss", "accuracy", "utility", "staleness_steps"),
+    "read": ("loss", "train_em"),
     "qa": ("loss", "train_em", "answer_in_top_k", "dev_em"),
 }
 

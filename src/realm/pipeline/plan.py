@@ -155,6 +155,8 @@ class PipelinePlan:
         p, budget, w = self.preset, self.budget_minutes, self.work
         fits = f" for a budget of {budget:g} min (training steps x{self.scale:.2f})" if budget else ""
         qa = f", QA {p.qa.steps} steps" if p.qa.steps else ""
+        if p.qa.steps and p.reading.steps:
+            qa = f", reading {p.reading.steps} steps{qa}"
         ict = f"ICT {p.ict.steps} steps" if p.ict.steps else "no ICT"
         steps = f"{ict}, REALM {p.pretrain.steps} steps{qa}"
         share = f" ({100 * self.training_minutes / budget:.0f}% of the budget)" if budget else ""
@@ -217,10 +219,15 @@ def scale_preset(preset: Preset, scale: float, qa_train: int) -> Preset:
         warmup_steps=_scaled(ict.warmup_steps, scale),
         checkpoint_every=_scaled(ict.checkpoint_every, scale),
     )
+    reading = preset.reading
     if qa_train:
         qa_steps = _scaled(qa.total_steps(qa_train), scale, MIN_TRAINING_STEPS)
         qa = dataclasses.replace(qa, steps=qa_steps, checkpoint_every=min(qa.checkpoint_every, qa_steps))
-    return dataclasses.replace(preset, ict=ict, pretrain=pretrain, qa=qa)
+        if reading.total_steps(qa_train):  # 0: no reading stage
+            read_steps = _scaled(reading.total_steps(qa_train), scale, MIN_TRAINING_STEPS)
+            checkpoints = min(reading.checkpoint_every, read_steps)
+            reading = dataclasses.replace(reading, steps=read_steps, checkpoint_every=checkpoints)
+    return dataclasses.replace(preset, ict=ict, pretrain=pretrain, qa=qa, reading=reading)
 
 
 def pretrain_step_seconds(cfg: PretrainConfig, costs: StageCosts) -> float:
@@ -279,6 +286,11 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
         retrievers = HELD_OUT_RETRIEVERS + (1 if preset.ict.steps else 0)
         stages += [
             StageEstimate("qa_start", 0, 0.0, retrievers * held_out_recall),
+        ]
+        read_steps = 0 if work.ablations else preset.reading.total_steps(work.qa_train)  # ablations: none (run.py)
+        read_fixed = c.read_startup + work.qa_train * c.read_question  # the blocks each question reads, found once
+        stages += [StageEstimate("read", read_steps, c.read_step, read_fixed)] if read_steps else []
+        stages += [
             StageEstimate("qa", qa_steps, c.qa_step, qa_fixed),
             # the fine-tuned model with three retrievers on the sample; zero-shot recall of each retriever on all
             StageEstimate(
@@ -473,11 +485,12 @@ def code_of_run(stored: dict, now: dict) -> dict:
 
 
 def step_kind(stage: str) -> str | None:
-    """The kind of training step a stage takes ("ict", "realm", "qa", the ablations' too), None for a stage without
-    steps: each kind is paced by its own steps alone."""
+    """The kind of training step a stage takes ("ict", "realm", "read", "qa", the ablations' too), None for a stage
+    without steps: each kind is paced by its own steps alone."""
     if stage.endswith("_index") or stage == "qa_start":
         return None
-    return next((kind for kind in ("ict", "realm", "qa") if stage == kind or stage.startswith(f"{kind}_")), None)
+    kinds = ("ict", "realm", "read", "qa")
+    return next((kind for kind in kinds if stage == kind or stage.startswith(f"{kind}_")), None)
 
 
 @dataclass(frozen=True)
@@ -542,6 +555,11 @@ def trained_preset(preset: Preset, stage: str, trained: dict[str, int]) -> Prese
     if kind == "qa":
         qa = dataclasses.replace(preset.qa, steps=steps, lr_warmup=trained["lr_warmup"], decay_from=decay_from)
         return dataclasses.replace(preset, qa=qa)
+    if kind == "read":
+        reading = dataclasses.replace(
+            preset.reading, steps=steps, lr_warmup=trained["lr_warmup"], decay_from=decay_from
+        )
+        return dataclasses.replace(preset, reading=reading)
     if kind == "ict":
         return dataclasses.replace(preset, ict=dataclasses.replace(preset.ict, steps=steps, decay_from=decay_from))
     raise ValueError(f"{stage!r} is not a training stage")
@@ -644,7 +662,7 @@ def time_stage(
         flat = cfg.null_warmup_steps if cfg.num_candidates > 1 else 0
         deadline["reserved_steps"] = cfg.steps - flat if flat else 0
     else:
-        deadline["step_seconds"] = c.ict_step * pace.of(stage)
+        deadline["step_seconds"] = (c.read_step if stage == "read" else c.ict_step) * pace.of(stage)
     return dataclasses.replace(timing, scale=scale, deadline=deadline)
 
 

@@ -162,7 +162,12 @@ def _phase_rows(name: str, steps: dict | None, rows: list[dict], costs: StageCos
                 total,
             ),
         ]
-    estimate = {"realm": retrieval_step_seconds(cfg, costs), "qa": costs.qa_step, "ict": costs.ict_step}[kind or "qa"]
+    estimate = {
+        "realm": retrieval_step_seconds(cfg, costs),
+        "read": costs.read_step,
+        "qa": costs.qa_step,
+        "ict": costs.ict_step,
+    }[kind or "qa"]
     return [row("steps", planned["steps"], trained["steps"], estimate, 0, trained["steps"])]
 
 
@@ -254,6 +259,35 @@ def _qa_start(doc: ReportDocument, r: dict) -> None:
             f"questions, fine-tuned {held_out['fine-tuned']:.2f} vs start {held_out['start']:.2f}; the fine-tuned tower "
             "is kept only when it is higher."
         )
+
+
+def _reader_training(doc: ReportDocument, records: dict) -> None:
+    """How the reader that answers was trained: the reading stage (recipes/reading.py) where the preset has one, then
+    ORQA's fine-tuning; questions, passes and minutes of each."""
+    parts = []
+    if "read" in records:
+        read = records["read"].result
+        found = read["found"]
+        skipped = found["no_answer_block"] + found["no_answer_span"]
+        parts.append(
+            f"the reading stage: {read['steps']:,} steps over {read['read_questions']:,} training questions "
+            f"({read['passes']:.2f} passes; {found['from_context']:,} read in their gold paragraph at the answer's "
+            f"offset, {found['from_retrieval']:,} in the best-ranked retrieved block holding the answer; {skipped:,} "
+            f"skipped: no answer-bearing block among the top retrieved, or no span of at most the reader's width "
+            f"reads as the answer; {found['offsets_not_matching']:,} offsets that did not match their context), one "
+            f"such block and {read.get('negatives', 1)} retrieved without the answer a question, in "
+            f"{records['read'].seconds / 60:.1f} min"
+        )
+    if "qa" in records:
+        qa = records["qa"].result
+        steps = (qa.get("steps_trained") or {}).get("trained", {}).get("steps")
+        if steps is not None:
+            parts.append(
+                f"ORQA's fine-tuning (the top 5 retrieved blocks a question, joint with the query tower): {steps:,} "
+                f"steps, in {records['qa'].seconds / 60:.1f} min"
+            )
+    if parts:
+        doc.paragraph("How the reader was trained: " + "; then ".join(parts) + ".")
 
 
 def _selection(start: dict) -> str:
@@ -531,6 +565,7 @@ def write_report(
     _curves(doc, run_dir, records)
     if "qa_start" in r:
         _qa_start(doc, r)
+        _reader_training(doc, records)
     if "eval" in r:
         _qa_tables(doc, r, plan)
     if has_ablations:
@@ -550,6 +585,7 @@ def write_report(
     _stages(results, records, plan, run_dir)
     if "qa_start" in r:
         _qa_start(results, r)
+        _reader_training(results, records)
     if "eval" in r:
         _qa_tables(results, r, plan)
     if has_ablations:

@@ -53,6 +53,7 @@ from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metr
 from realm.recipes.finetune_qa import qa_settings
 from realm.recipes.ict import ict_settings, train_ict
 from realm.recipes.pretrain import SENTENCE_USAGE, pretrain_settings, train_pretrain
+from realm.recipes.reading import reading_settings, reading_summary, train_reading
 from realm.training import Deadline, read_steps
 
 log = logging.getLogger(__name__)
@@ -216,6 +217,39 @@ class Pipeline:
             "held_out": self.selection(),
         }
         return self.stages.run(name, settings, work)
+
+    def read(
+        self,
+        preset: Preset,
+        deadline: Deadline | None,
+        model_folder: Path,
+        index_folder: Path,
+        reader: Path,
+        chosen: StageRecord,
+    ) -> StageRecord:
+        """The reading stage: `reader` trained on the blocks holding each training question's answer (and retrieved
+        ones without), found with the chosen retriever over `index_folder`; QA fine-tunes from what it saves."""
+
+        def work(folder: Path, resume: bool) -> dict:
+            train_reading(
+                str(model_folder),
+                index_folder,
+                self.qa_train,
+                folder,
+                preset,
+                resume=resume,
+                progress=self.options.progress,
+                reader_spec=str(reader),
+                deadline=deadline,
+            )
+            return last_metrics(folder) | reading_summary(folder) | {"steps_trained": read_steps(folder)}
+
+        settings = reading_settings(preset) | {
+            "after": [chosen.fingerprint],
+            "reader": str(reader),
+            "data": describe_input(str(self.qa_files[0])),
+        }
+        return self.stages.run("read", settings, work)
 
     def qa_start(self, preset: Preset, retrievers: dict[str, tuple[StageRecord, Path]]) -> StageRecord:
         """The retriever and reader QA fine-tunes from (work.py: choose_qa_start), never a worse retriever than the
@@ -462,9 +496,15 @@ class Pipeline:
             index_stage, retriever_folder = retrievers[chosen.result["retriever"]]
             index_folder = self.stages.output(index_stage, "index")
             reader = self.stages.output(QA_READERS[chosen.result["reader"]], "reader")
+            after = [chosen]
+            # the reader first reads answer-bearing blocks (recipes/reading.py); not with --ablations, whose arms
+            # fine-tune without it: the arms and the main run compared like for like
+            if preset.reading.total_steps(len(self.qa_train)) and not self.options.ablations:
+                read = self.read(*self.sized("read"), retriever_folder.parent, index_folder, reader, chosen)
+                reader, after = self.stages.output(read, "reader"), [chosen, read]
             qa_preset, qa_deadline = self.sized("qa")
             qa = self.finetune(
-                "qa", retriever_folder.parent, index_folder, qa_preset, [chosen], reader=reader, deadline=qa_deadline
+                "qa", retriever_folder.parent, index_folder, qa_preset, after, reader=reader, deadline=qa_deadline
             )
             self.evaluate(preset, qa, retrievers, index_folder)
         self.examples(preset, realm)
