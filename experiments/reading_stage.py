@@ -51,14 +51,15 @@ def main() -> None:
     parser.add_argument("--read-minutes", type=float, default=6.0, help="0: no reading stage")
     parser.add_argument("--qa-minutes", type=float, default=0.0, help="0: no QA fine-tuning after it")
     parser.add_argument("--set", nargs="+", default=[], help="reading settings to change, e.g. negatives=0")
-    parser.add_argument("--qa-set", nargs="+", default=[], help="QA settings to change, e.g. lr=3e-4")
+    parser.add_argument("--qa-set", nargs="+", default=[], help="QA settings to change, e.g. lr=3e-4 (span_head: the reading stage's too)")
     parser.add_argument("--questions", type=int, default=600, help="tuning-split questions answered (seeded)")
     parser.add_argument("--compare", nargs="*", default=[], type=Path, help="earlier outputs of this script")
     args = parser.parse_args()
 
     preset = get_preset("cpu")
     reading = dataclasses.replace(preset.reading, epochs=100.0, **parse_settings(args.set, ReadingConfig))
-    preset = dataclasses.replace(preset, reading=reading)
+    qa = dataclasses.replace(preset.qa, **parse_settings(args.qa_set, QAConfig))  # e.g. span_head: both stages'
+    preset = dataclasses.replace(preset, reading=reading, qa=qa)
     train, tuning = split_training_questions(load_qa(args.train))
     tuning = [tuning[i] for i in sorted(np.random.default_rng(0).permutation(len(tuning))[: args.questions])]
     reader = None
@@ -71,7 +72,7 @@ def main() -> None:
     if args.qa_minutes:
         best = args.out / "qa" / BEST
         if not best.is_dir():
-            qa = dataclasses.replace(preset.qa, epochs=100, **parse_settings(args.qa_set, QAConfig))
+            qa = dataclasses.replace(preset.qa, epochs=100)
             tuned = dataclasses.replace(preset, qa=qa)
             until = deadline(args.qa_minutes, preset.costs.qa_step)
             train_qa(args.model, args.index, train, tuning[:100], args.out / "qa", tuned, True, True,

@@ -171,6 +171,8 @@ class QAConfig:
     fusion_lr: float = 1e-2  # learning rate of the hybrid's BM25 weight w (one scalar: Adam moves it ~lr a step)
     span_hidden: int = 256
     max_span_width: int = 10
+    # a fresh reader's span head: orqa (ORQA/REALM's span MLP) or start_end (BERT's SQuAD head; span_reader.py)
+    span_head: Literal["orqa", "start_end"] = "orqa"
     steps: int | None = None  # None: `epochs` passes over the training questions (a budget may set fewer)
     lr_warmup: int | None = None  # None: ORQA's rule from the steps (`warmup_steps`); a deadline settles it
     decay_from: int = 0  # the decay starts no earlier than this step (a deadline's timed steps: training.py)
@@ -201,6 +203,7 @@ class ReadingConfig:
     depth: int = 20  # the retrieved blocks searched for the answer-bearing block and the negatives
     lr: float = 1e-4
     head_lr_multiplier: float = 10.0  # the span head starts fresh
+    reinit_layers: int = 0  # the warm start's top encoder layers re-initialised before reading (0: none)
     steps: int | None = None  # None: `epochs` passes (a budget sets the steps)
     lr_warmup: int | None = None  # None: a tenth of the steps; a deadline settles it
     decay_from: int = 0  # the decay starts no earlier than this step (a deadline's timed steps: training.py)

@@ -128,13 +128,19 @@ class QAModel(nn.Module):
 
     @classmethod
     def load(
-        cls, spec: str, retriever_config, span_hidden: int = 256, max_span_width: int = 10, reader: str | None = None
+        cls,
+        spec: str,
+        retriever_config,
+        span_hidden: int = 256,
+        max_span_width: int = 10,
+        reader: str | None = None,
+        span_head: str = "orqa",
     ) -> QAModel:
         """`minilm`; a REALM pretraining output or a fine-tuned QA model (folders with retriever/ and reader/).
         `reader` replaces the folder's reader with another warm start (e.g. an ICT retriever with a BERT reader)."""
         if spec == MINILM:
             return cls(
-                Retriever.load(MINILM, retriever_config), SpanReader.load(reader or MINILM, span_hidden, max_span_width)
+                Retriever.load(MINILM, retriever_config), SpanReader.load(reader or MINILM, span_hidden, max_span_width, span_head),
             )
         folder = Path(spec)
         if not ((folder / "retriever").is_dir() and (reader or (folder / "reader").is_dir())):
@@ -144,7 +150,7 @@ class QAModel(nn.Module):
             )
         return cls(
             Retriever.load(str(folder / "retriever"), retriever_config),
-            SpanReader.load(reader or str(folder / "reader"), span_hidden, max_span_width),
+            SpanReader.load(reader or str(folder / "reader"), span_hidden, max_span_width, span_head),
             bm25_weight_of(str(folder)),
         )
 

@@ -37,15 +37,25 @@ SPAN_HEAD_SEED = 20200807
 MASKED = -1e4  # a finite "log 0": rows with nothing valid must not turn gradients into NaN
 
 
-class SpanHead(nn.Module):
-    """S(s) = w · LayerNorm(ReLU(W_start h_start + W_end h_end)), as in the released ORQA/REALM code."""
+SPAN_HEADS = ("orqa", "start_end")
 
-    def __init__(self, hidden_size: int, span_hidden: int):
+
+class SpanHead(nn.Module):
+    """S(s) = w · LayerNorm(ReLU(W_start h_start + W_end h_end)), as in the released ORQA/REALM code ("orqa"); or
+    BERT's SQuAD head, S(s) = w_start · h_start + w_end · h_end ("start_end", a setting measured against it)."""
+
+    def __init__(self, hidden_size: int, span_hidden: int, kind: str = "orqa"):
         super().__init__()
-        self.start = nn.Linear(hidden_size, span_hidden)
-        self.end = nn.Linear(hidden_size, span_hidden)
-        self.norm = nn.LayerNorm(span_hidden)
-        self.score = nn.Linear(span_hidden, 1)
+        if kind not in SPAN_HEADS:
+            raise ValueError(f"unknown span head {kind!r}: one of {', '.join(SPAN_HEADS)}")
+        self.kind = kind
+        width = span_hidden if kind == "orqa" else 1
+        self.start = nn.Linear(hidden_size, width)
+        self.end = nn.Linear(hidden_size, width)
+        if kind == "orqa":
+            self.norm = nn.LayerNorm(span_hidden)
+            self.score = nn.Linear(span_hidden, 1)
+        self.span_hidden = span_hidden
 
     def forward(
         self, hidden: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, valid: torch.Tensor
@@ -58,25 +68,36 @@ class SpanHead(nn.Module):
         hidden = pad_rows(hidden.flatten(0, 1))  # (N * L rounded up, H)
         h_start = self.start(hidden)[rows + starts.flatten()[pick]]  # (V, span_hidden)
         h_end = self.end(hidden)[rows + ends.flatten()[pick]]
-        scores = self.score(pad_rows(self.norm(torch.relu(h_start + h_end))))[: len(pick), 0].float()  # (V,)
+        if self.kind == "orqa":
+            scores = self.score(pad_rows(self.norm(torch.relu(h_start + h_end))))[: len(pick), 0].float()  # (V,)
+        else:
+            scores = (h_start + h_end)[:, 0].float()  # (V,)
         return scores.new_full((starts.numel(),), MASKED).index_copy(0, pick, scores).view(starts.shape)
 
 
 class SpanReader(nn.Module):
     """BERT over `[CLS] x [SEP] body [SEP]` with a span head (the knowledge-augmented encoder for QA)."""
 
-    def __init__(self, bert: BertModel, tokenizer: PreTrainedTokenizerBase, span_hidden: int, max_span_width: int):
+    def __init__(
+        self,
+        bert: BertModel,
+        tokenizer: PreTrainedTokenizerBase,
+        span_hidden: int,
+        max_span_width: int,
+        span_head: str = "orqa",
+    ):
         super().__init__()
         self.bert = bert
         self.tokenizer = tokenizer
         self.max_span_width = max_span_width
-        self.span_head = SpanHead(bert.config.hidden_size, span_hidden)
+        self.span_head = SpanHead(bert.config.hidden_size, span_hidden, span_head)
         self.fine_tuned = False  # True once a trained span head is loaded: a fresh one answers with noise
 
     @classmethod
-    def load(cls, spec: str, span_hidden: int = 256, max_span_width: int = 10) -> SpanReader:
-        """A folder saved by `save`; or a warm start with a fresh span head from `minilm`, a REALM
-        pretraining reader (BertForMaskedLM folder: its BERT body) or any BERT folder."""
+    def load(cls, spec: str, span_hidden: int = 256, max_span_width: int = 10, span_head: str = "orqa") -> SpanReader:
+        """A folder saved by `save` (its own head and width); or a warm start with a fresh span head of
+        `span_head`'s kind from `minilm`, a REALM pretraining reader (BertForMaskedLM folder: its BERT body) or any
+        BERT folder."""
         folder = minilm_dir() if spec == MINILM else Path(spec)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"unknown reader {spec!r}: expected 'minilm', a saved QA reader or a BERT folder")
@@ -84,8 +105,9 @@ class SpanReader(nn.Module):
         if (folder / READER_META).is_file():
             meta = json.loads((folder / READER_META).read_text())
             span_hidden, max_span_width = meta["span_hidden"], meta["max_span_width"]
+            span_head = meta.get("span_head", "orqa")  # a reader saved before the setting had ORQA's
         with fresh_weights(SPAN_HEAD_SEED):  # the same fresh head on every run
-            reader = cls(bert, load_tokenizer(folder), span_hidden, max_span_width)
+            reader = cls(bert, load_tokenizer(folder), span_hidden, max_span_width, span_head)
         if (folder / SPAN_HEAD_FILE).is_file():
             reader.span_head.load_state_dict(load_file(folder / SPAN_HEAD_FILE))
             reader.fine_tuned = True
@@ -96,7 +118,8 @@ class SpanReader(nn.Module):
             self.bert.save_pretrained(str(tmp))
             self.tokenizer.save_pretrained(str(tmp))
             save_file({k: v.contiguous() for k, v in self.span_head.state_dict().items()}, tmp / SPAN_HEAD_FILE)
-            meta = {"span_hidden": self.span_head.norm.normalized_shape[0], "max_span_width": self.max_span_width}
+            head = self.span_head
+            meta = {"span_hidden": head.span_hidden, "max_span_width": self.max_span_width, "span_head": head.kind}
             (tmp / READER_META).write_text(json.dumps(meta) + "\n")
 
         write_dir_atomic(Path(folder), write)

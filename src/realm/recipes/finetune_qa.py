@@ -314,7 +314,7 @@ def qa_model_over(
         raise ValueError(f"QA fine-tuning retrieves with 'dense' or 'hybrid', not {cfg.retriever!r}")
     index = MipsIndex(index_dir)
     config = index.retriever_config(preset.retriever)
-    model = QAModel.load(model_spec, config, cfg.span_hidden, cfg.max_span_width, reader=reader_spec)
+    model = QAModel.load(model_spec, config, cfg.span_hidden, cfg.max_span_width, reader_spec, cfg.span_head)
     index.check_doc_tower(model.retriever.doc_fingerprint())
     return model, index, config, BM25Searcher(index.corpus()) if cfg.retriever == "hybrid" else None
 
