@@ -51,7 +51,12 @@ def main() -> None:
     parser.add_argument("--read-minutes", type=float, default=6.0, help="0: no reading stage")
     parser.add_argument("--qa-minutes", type=float, default=0.0, help="0: no QA fine-tuning after it")
     parser.add_argument("--set", nargs="+", default=[], help="reading settings to change, e.g. negatives=0")
-    parser.add_argument("--qa-set", nargs="+", default=[], help="QA settings to change, e.g. lr=3e-4 (span_head: the reading stage's too)")
+    parser.add_argument(
+        "--qa-set",
+        nargs="+",
+        default=[],
+        help="QA settings to change, e.g. lr=3e-4 (span_head: the reading stage's too)",
+    )
     parser.add_argument("--questions", type=int, default=600, help="tuning-split questions answered (seeded)")
     parser.add_argument("--compare", nargs="*", default=[], type=Path, help="earlier outputs of this script")
     args = parser.parse_args()

@@ -158,7 +158,7 @@ class QAConfig:
     """Open-QA fine-tuning (ORQA settings: lr 1e-5, top-5 blocks to the reader, retrieval beam 5000, span
     hidden 256, spans of at most 10 wordpieces). Questions are cut to the retriever's query length."""
 
-    epochs: int = 2
+    epochs: float = 2.0  # passes over the training questions (a fraction: the steps of that share of a pass)
     batch_size: int = 16
     lr: float = 1e-5
     head_lr_multiplier: float = 1.0  # the span head starts fresh
@@ -183,7 +183,7 @@ class QAConfig:
 
     def total_steps(self, num_questions: int) -> int:
         """`steps` if set, else `epochs` passes over the training questions."""
-        return self.steps or self.epochs * math.ceil(num_questions / self.batch_size)
+        return self.steps or math.ceil(self.epochs * math.ceil(num_questions / self.batch_size))
 
     def warmup_steps(self, total_steps: int) -> int:
         """ORQA: min(10000, max(100, steps / 10)), unless `lr_warmup` names it (a deadline's run, replayed)."""
@@ -203,7 +203,6 @@ class ReadingConfig:
     depth: int = 20  # the retrieved blocks searched for the answer-bearing block and the negatives
     lr: float = 1e-4
     head_lr_multiplier: float = 10.0  # the span head starts fresh
-    reinit_layers: int = 0  # the warm start's top encoder layers re-initialised before reading (0: none)
     steps: int | None = None  # None: `epochs` passes (a budget sets the steps)
     lr_warmup: int | None = None  # None: a tenth of the steps; a deadline settles it
     decay_from: int = 0  # the decay starts no earlier than this step (a deadline's timed steps: training.py)
@@ -239,10 +238,11 @@ class StageCosts:
     query_tower_pretrain_step: float = 1.9
     null_pretrain_step: float = 0.5  # the null document alone (--null-warmup-steps): 0.47 s measured
     qa_step: float = 2.4
-    # a reading step (16 questions x 2 blocks: 32 reader rows against QA's 40, no query tower): not measured where
-    # calibration cannot run; QA's step x 32/40
-    read_step: float = 1.9
-    read_question: float = 0.02  # finding a training question's answer-bearing block and negatives (retrieval)
+    # a reading step (16 questions, one block each: 16 reader rows, no query tower): 1,839 steps in 26.0 min here
+    # (docs/log/2026-12-07-results-a-reading-stage-before-orqa-fine-tuning.md)
+    read_step: float = 0.85
+    # finding a training question's answer-bearing block (retrieval, answer lookup, the window): 57 s for 7,342 here
+    read_question: float = 0.01
     read_startup: float = 15.0
     qa_question: float = 0.09  # evaluating one question with one retriever and the reader
     # one question with dense, BM25 and hybrid retrieval, which share the blocks read: here 3x one, an upper bound
@@ -270,8 +270,8 @@ FP32_CPU_COSTS = StageCosts(
     query_tower_pretrain_step=3.4,
     null_pretrain_step=0.55,
     qa_step=4.0,
-    read_step=3.2,
-    read_question=0.04,
+    read_step=1.45,  # not measured in fp32: the bf16 step x QA's fp32/bf16 ratio (4.0 / 2.4)
+    read_question=0.02,
     qa_question=0.17,
     qa_systems_question=0.51,
     recall_question=0.02,
@@ -356,7 +356,8 @@ PRESETS: dict[str, Preset] = {
             held_out_fraction=0.05,
         ),
         qa=QAConfig(
-            epochs=1,
+            # 0.6 of a pass after the reading stage's two: about the minutes one pass of QA alone took
+            epochs=0.6,
             batch_size=8,
             # one epoch at 1e-4 from MiniLM reached 44.8 EM dense, 50.1 with BM25:
             # docs/log/2026-11-23-results-open-qa-fine-tuning-the-reader-s-normalisation-and-one-epoch-from.md
@@ -366,15 +367,21 @@ PRESETS: dict[str, Preset] = {
             beam=100,
             retriever="hybrid",
             answer_selection="marginal",
+            # BERT's start/end head over ORQA's span MLP: after 8 minutes of reading on the tuning split +3.8 EM
+            # [+1.0, +6.8] at lr 1e-4, +1.8 [-0.8, +4.4] at 2e-4 (one run each):
+            # docs/log/2026-12-07-results-the-reader-s-ceiling-and-its-levers.md
+            span_head="start_end",
             dev_limit=500,
             checkpoint_every=50,
             log_every=5,
         ),
-        # no reading stage by default (`--reading-epochs N` runs one): at equal minutes on the tuning split it was no
-        # clear win over ORQA's fine-tuning alone (+2.0 [-1.4, +5.4] EM with no negative, 1.85 passes; -0.6 with one
-        # negative, 0.53 passes); its settings are the better of the two:
-        # docs/log/2026-12-07-results-a-reading-stage-before-orqa-fine-tuning.md
-        reading=ReadingConfig(epochs=0.0, batch_size=16, negatives=0, checkpoint_every=50, log_every=5),
+        # the reader first reads one answer-bearing block a question, two passes (recipes/reading.py): at equal
+        # minutes on the tuning split +2.0 [-1.4, +5.4] EM over ORQA's fine-tuning alone, +5.0 with the gold
+        # paragraph alone; no negative (one: -0.6, at a step twice the cost); lr 2e-4 over 1e-4 +3.4 [+0.6, +6.4]
+        # (4e-4: +4.8 open, -3.4 with the gold paragraph against 2e-4):
+        # docs/log/2026-12-07-results-a-reading-stage-before-orqa-fine-tuning.md,
+        # docs/log/2026-12-07-results-the-reader-s-ceiling-and-its-levers.md
+        reading=ReadingConfig(epochs=2.0, batch_size=16, negatives=0, lr=2e-4, checkpoint_every=50, log_every=5),
         fp32_costs=FP32_CPU_COSTS,
         # buys 1,000 warm-up steps on a slow 2-core fp32 machine:
         # docs/log/2026-11-27-results-how-many-warm-up-steps-and-a-cheaper-warm-up-step-twelfth-part.md

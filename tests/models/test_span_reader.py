@@ -8,7 +8,6 @@ from conftest import NO_DROPOUT
 
 from realm.models.bert import random_bert
 from realm.models.span_reader import SpanHead, SpanReader, block_spans, reader_batch
-from realm.recipes.reading import reinitialise_top_layers
 
 
 def test_the_start_end_head_scores_a_span_as_its_start_plus_its_end():
@@ -36,15 +35,3 @@ def test_a_saved_reader_answers_with_the_head_it_was_trained_with(tmp_path, toke
         before = reader(**batch.inputs, starts=batch.starts, ends=batch.ends, span_valid=batch.span_valid)
         after = loaded.eval()(**batch.inputs, starts=batch.starts, ends=batch.ends, span_valid=batch.span_valid)
     assert torch.allclose(before, after)
-
-
-def test_reinitialising_the_top_layer_draws_it_afresh_and_leaves_the_rest(tokenizer):
-    bert, twin = random_bert(NO_DROPOUT, len(tokenizer), 7), random_bert(NO_DROPOUT, len(tokenizer), 7)
-    reinitialise_top_layers(bert, 1, seed=3)
-    reinitialise_top_layers(twin, 1, seed=3)
-    fresh, kept = bert.encoder.layer[-1], bert.encoder.layer[0]
-    original = random_bert(NO_DROPOUT, len(tokenizer), 7)
-    assert not torch.equal(fresh.output.dense.weight, original.encoder.layer[-1].output.dense.weight)
-    assert torch.equal(fresh.output.dense.weight, twin.encoder.layer[-1].output.dense.weight)  # seeded
-    assert torch.equal(kept.output.dense.weight, original.encoder.layer[0].output.dense.weight)
-    assert torch.equal(bert.embeddings.word_embeddings.weight, original.embeddings.word_embeddings.weight)

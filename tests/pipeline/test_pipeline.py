@@ -41,7 +41,9 @@ def test_budget_scales_every_training_stage_to_fit():
     assert plan.scale < 1
     assert plan.preset.ict.steps == round(cpu.ict.steps * plan.scale)
     assert plan.preset.pretrain.steps == round(cpu.pretrain.steps * plan.scale)
-    assert plan.preset.qa.steps == round(1135 * plan.scale)  # one epoch of 9,074 questions at batch 8
+    assert cpu.qa.total_steps(9_074) == 681  # 0.6 of an epoch of 9,074 questions at batch 8 (1,135 steps)
+    assert plan.preset.qa.steps == round(681 * plan.scale)
+    assert plan.preset.reading.steps == round(cpu.reading.total_steps(9_074) * plan.scale) > 0  # two passes
     assert plan.preset.pretrain.retriever_frozen_steps == round(cpu.pretrain.retriever_frozen_steps * plan.scale)
     assert plan.preset.pretrain.null_warmup_steps == round(cpu.pretrain.null_warmup_steps * plan.scale)
     assert 0 < plan.preset.pretrain.refresh_every < cpu.pretrain.refresh_every
@@ -51,7 +53,7 @@ def test_budget_scales_every_training_stage_to_fit():
     assert reader_warmup_steps(cpu.pretrain) == 1000  # 1,000 steps of 8 sentences (pipeline/plan.py: WARMUP_FINDING)
     assert plan.preset.pretrain.null_warmup_steps < 1000 and plan.reading_minutes is not None
     kept = plan_pipeline(cpu, work, plan.reading_minutes)
-    assert kept.preset.pretrain.null_warmup_steps == 1000 and kept.reading_minutes is None
+    assert kept.preset.pretrain.null_warmup_steps >= 1000 and kept.reading_minutes is None
     assert f"a budget of about {math.ceil(plan.reading_minutes)} min" in plan.describe()
     assert longer.reading_minutes is None and "warm-up" not in longer.describe()
     with_ablations = plan_pipeline(cpu, dataclasses.replace(work, ablations=True), 60)
@@ -113,7 +115,8 @@ def test_each_stage_is_allotted_what_is_left_less_the_stages_after_it_each_kind_
     took["read"], ran["read"], stepping["read"] = read.seconds, read, read.steps * read.step_seconds
     now += read.seconds
     timing = time_stage(plan, cpu, "qa", took, ran, stepping, now)
-    assert timing.pace.steps == {"ict": pytest.approx(1.4), "realm": 1.0, "read": 1.0} and timing.pace.other == 1.0
+    assert timing.pace.steps == {"ict": pytest.approx(1.4), "realm": 1.0, "read": 1.0}
+    assert timing.pace.other == pytest.approx(1.0)
     skipped = before_read - read.seconds  # the stages between REALM and the reading stage this test did not run
     assert timing.allotted == pytest.approx(planned["qa"].seconds + skipped + slack - 0.4 * ict_steps, abs=1.0)
     scoring = timing.deadline["scoring_seconds"]
@@ -156,6 +159,9 @@ GPU_LIKE = StageCosts(
     null_pretrain_step=0.06,
     query_tower_pretrain_step=0.09,
     qa_step=0.24,
+    read_step=0.08,  # 16 reader rows against QA's 40 and its query tower
+    read_question=0.002,
+    read_startup=5.0,
     qa_question=0.02,
     qa_systems_question=0.04,
     recall_question=0.002,
@@ -174,7 +180,7 @@ def test_a_long_start_is_not_read_as_slow_steps():
     gpu_like = dataclasses.replace(get_preset("cpu"), costs=GPU_LIKE)
     work = Workload(blocks=20_307, qa_train=8_574, qa_dev=1_496, qa_held_out=500)
     spent = 90.0
-    plan = dataclasses.replace(plan_pipeline(gpu_like, work, 6, spent_seconds=spent), began=0.0)
+    plan = dataclasses.replace(plan_pipeline(gpu_like, work, 7, spent_seconds=spent), began=0.0)
     realm = {s.name: s for s in plan.stages}["realm"]
     realm_steps = realm.steps * realm.step_seconds
     took = {"calibration": spent, "realm": realm.fixed_seconds + 30.0 + realm_steps}  # a start 30 s longer
@@ -195,7 +201,7 @@ def test_the_plan_trains_first_and_samples_what_measures_it():
     cpu = dataclasses.replace(cpu, ict=dataclasses.replace(cpu.ict, steps=0))  # as `realm pipeline` runs it
     work = Workload(blocks=20_307, qa_train=8_574, qa_dev=1_496, qa_held_out=500)
     avx2 = dataclasses.replace(cpu.fp32_costs, null_pretrain_step=1.76, query_tower_pretrain_step=5.55, qa_step=6.35)
-    profiles = {"GPU": (GPU_LIKE, 6, 90.0), "bf16 CPU": (cpu.costs, 50, 360.0), "AVX2 CPU": (avx2, 120, 840.0)}
+    profiles = {"GPU": (GPU_LIKE, 6, 90.0), "bf16 CPU": (cpu.costs, 55, 360.0), "AVX2 CPU": (avx2, 120, 840.0)}
     for name, (costs, budget, spent) in profiles.items():
         plan = plan_pipeline(dataclasses.replace(cpu, costs=costs), work, budget, spent_seconds=spent)
         assert plan.estimated_minutes == pytest.approx(budget, rel=0.01), name
@@ -227,7 +233,7 @@ def test_a_budget_too_small_for_a_reader_is_refused_with_the_minutes_this_machin
         said.append(str(refused.value))
         assert str(refused.value).startswith(f"a budget of {budget} min is too small here: ")
     needed = {int(re.search(r"pass --budget-minutes (\d+) or more", line).group(1)) for line in said}
-    assert len(needed) == 1 and needed.pop() == (minutes := 45)  # the same need, whatever budget was tried
+    assert len(needed) == 1 and needed.pop() == (minutes := 53)  # the same need, whatever budget was tried
     assert plan_pipeline(avx2, work, minutes, spent_seconds=spent).preset.qa.steps >= qa_min_steps(cpu.qa)  # enough
     with pytest.raises(BudgetTooSmall):
         plan_pipeline(avx2, work, minutes - 1, spent_seconds=spent)  # and no fewer

@@ -102,6 +102,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
 def positive_ints(text: str) -> list[int]:
     """A comma-separated list of positive integers, e.g. 1,5,20."""
     try:

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from realm.cli.options import common, non_negative_int, positive_int, resolve_preset
+from realm.cli.options import common, non_negative_int, positive_float, positive_int, resolve_preset
 from realm.common.weights import MINILM
 
 
@@ -197,7 +197,7 @@ def _qa_command(train) -> None:
     )
     qa.add_argument("--dev", required=True, help="questions that choose the checkpoint: a file or a named set")
     qa.add_argument("--out", required=True)
-    qa.add_argument("--epochs", type=positive_int)
+    qa.add_argument("--epochs", type=positive_float, help="passes over the training questions (0.5: half of one)")
     qa.add_argument("--batch-size", type=positive_int)
     qa.add_argument("--lr", type=float, help="reader learning rate (the fresh span head: x the preset's multiplier)")
     qa.add_argument("--retriever-lr", type=float, help="query tower learning rate (default: preset)")

@@ -140,7 +140,8 @@ class QAModel(nn.Module):
         `reader` replaces the folder's reader with another warm start (e.g. an ICT retriever with a BERT reader)."""
         if spec == MINILM:
             return cls(
-                Retriever.load(MINILM, retriever_config), SpanReader.load(reader or MINILM, span_hidden, max_span_width, span_head),
+                Retriever.load(MINILM, retriever_config),
+                SpanReader.load(reader or MINILM, span_hidden, max_span_width, span_head),
             )
         folder = Path(spec)
         if not ((folder / "retriever").is_dir() and (reader or (folder / "reader").is_dir())):

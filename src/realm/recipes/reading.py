@@ -43,7 +43,6 @@ from realm.data.blocks import BlockStore
 from realm.data.qa_examples import AnswerBlocks, QAExample, has_answer
 from realm.index.mips import MipsIndex
 from realm.index.search import BM25Searcher, hybrid_top
-from realm.models.bert import fresh_weights
 from realm.models.orqa import QAModel, joint_log_probs, marginal_answer_log_likelihood
 from realm.models.span_reader import BlockSpans, ReaderBatch, block_spans, matching_spans
 from realm.recipes.finetune_qa import ANSWER_INDEX_MAX_BLOCKS, qa_model_over
@@ -338,7 +337,6 @@ def train_reading(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model, index, _, sparse = qa_model_over(model_spec, index_dir, preset, reader_spec)
-    reinitialise_top_layers(model.reader.bert, cfg.reinit_layers, cfg.seed)
     store = index.corpus()
     examples, found = _evidence(out, resume, model, train, index, store, sparse, cfg, d)
     reader = model.reader.to(device).train()
@@ -392,16 +390,6 @@ def train_reading(
         _finish(out, cfg, total, scheduler.schedule, deadline, found, len(examples))
         model.reader.save(out / "reader")
     return out / "reader"
-
-
-def reinitialise_top_layers(bert: torch.nn.Module, layers: int, seed: int) -> None:
-    """Draw the top `layers` encoder layers afresh (BERT's initialisation, seeded): a sentence-embedding warm start's
-    last layers were trained for pooling, not for spans (a setting measured, ReadingConfig.reinit_layers)."""
-    if layers <= 0:
-        return
-    with fresh_weights(seed):
-        for layer in bert.encoder.layer[-layers:]:
-            layer.apply(bert._init_weights)
 
 
 def _evidence(
