@@ -161,6 +161,7 @@ def test_the_shipped_training_questions_carry_their_paragraphs():
     assert len(with_offsets) == len(train)  # every SQuAD answer's offset matches its paragraph
     e = with_offsets[0]
     assert all(e.context[s:t] == a for a, (s, t) in zip(e.answers, e.answer_chars))
+    assert e.where == "squad-open-train:1"  # a record names the set's line, not this machine's cache path
     assert all(e.context is None for e in load_qa("squad-open-dev"))  # nothing that answers dev sees its paragraph
 
 

@@ -199,6 +199,7 @@ def load_qa(path: str | Path, articles: dict[str, str] | None = None) -> list[QA
     """`{"question": str, "answer": [str, ...]}` per line, optionally `"title"`: the question's article;
     `*.regex.jsonl` marks regex answers. `path`: a file, or a named question set (question_sets.py: written on
     first use). `articles`: question -> article title for a file that names none (`sources.squad_question_titles`)."""
+    given = str(path)  # a record names a line by it: a named set's name, not this machine's cache path
     path = question_file(path)
     regex = path.name.endswith((".regex.jsonl", ".regex.jsonl.gz"))
     examples = []
@@ -231,7 +232,7 @@ def load_qa(path: str | Path, articles: dict[str, str] | None = None) -> list[QA
                 raise ValueError(f"{path}:{lineno}: bad QA record: {err!r}") from err
             question = question.strip()
             article = article or (articles or {}).get(question)
-            where = f"{path}:{lineno}"
+            where = f"{given}:{lineno}"
             if starts is not None and None in starts:
                 log.warning("%s: an answer_start does not match its context; that answer is found by its text", where)
             examples.append(QAExample(question, tuple(answers), regex, article, context, starts, where))
