@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from realm.common.device import default_device
+from realm.common.device import autocast, default_device
 from realm.common.weights import MINILM
 from realm.config import get_preset
 from realm.data.qa_examples import is_exact_match, load_qa
@@ -45,10 +45,11 @@ def main() -> None:
     preset = get_preset("cpu")
     _, tuning = split_training_questions(load_qa(args.train))
     tuning = [tuning[i] for i in sorted(np.random.default_rng(0).permutation(len(tuning))[: args.questions])]
-    model = QAModel.load(args.model, preset.retriever, reader=args.reader).eval()
+    device = default_device()
+    dtype = preset.compute_dtype(device)
+    model = QAModel.load(args.model, preset.retriever, reader=args.reader).eval().to(device)
     max_tokens = MipsIndex(args.index).corpus().config.max_block_tokens
     width = model.reader.max_span_width
-    bf16 = preset.compute_dtype(default_device()) == torch.bfloat16
     found, correct, readable = Found(), [], 0
     for i, example in enumerate(tuning):
         window = _gold_window(example, i, model.reader.tokenizer, max_tokens, width, 0, found)
@@ -57,8 +58,8 @@ def main() -> None:
             continue
         readable += 1
         batch, ((spans,),) = model.reader_inputs([example.question], [[window[0]]], max_tokens)
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            scores = model.span_scores(batch)[0, : len(spans.spans)].float()
+        with torch.inference_mode(), autocast(dtype, device):
+            scores = model.span_scores(batch.to(device))[0, : len(spans.spans)].float().cpu()
         best = spans.spans[int(scores.argmax())]
         correct.append(int(is_exact_match(spans.text(window[0], best), example)))
     em = 100.0 * np.mean(correct)
