@@ -768,6 +768,63 @@ def test_the_report_names_the_reader_warmup_and_loss_of_pretraining():
     assert pretraining_setting(papers).endswith("reader loss marginal")
 
 
+def test_a_budgeted_ablations_run_on_more_than_300_dev_questions_compares_the_questions_both_answered(
+    tiny_run, monkeypatch
+):
+    """With a budget the main evaluation answers dev in its seeded order until its clock runs out, the ablated
+    systems the plan's sample of it: 320 against 300 once made the report's paired comparison refuse them, after
+    the first ablated stage (`realm: error: ... do not hold the same questions in the same order`), and a rerun
+    failed again one stage further. Training steps fixed here (the budget sizes only the evaluation), so that the
+    test is quick."""
+    dev = tiny_run.run_dir.parent / "dev.jsonl"
+    asked = [(f"{q[:-1]} ({i})?", a) for i in range(54) for q, a in QUESTIONS][:320]
+    dev.write_text("".join(json.dumps({"question": q, "answer": [a]}) + "\n" for q, a in asked))
+    options = dataclasses.replace(tiny_run, qa_dev=dev, budget_minutes=30)
+
+    def sized(self, stage):  # the preset's steps, no deadline: the training stages as in an unbudgeted run
+        self.timed(stage)
+        return self.base_preset, None
+
+    planned = Pipeline.make_plan
+
+    def make_plan(self, work, calibration=None):  # a budget too tight for all of dev: the plan samples 300
+        plan = planned(self, work, calibration)
+        return dataclasses.replace(plan, work=dataclasses.replace(plan.work, eval_questions=300))
+
+    monkeypatch.setattr(Pipeline, "sized", sized)
+    monkeypatch.setattr(Pipeline, "make_plan", make_plan)
+    report = Pipeline(options, TINY_PIPELINE, lambda _: None).run()
+    run = options.run_dir
+    main_answered = (run / "eval" / "predictions_dense.jsonl").read_text().count("\n")
+    assert main_answered == 320  # its clock allowed all of dev (30 minutes)
+    for arm in ("qa_ict", "qa_uniform", "qa_trained", "qa_frozen"):
+        assert (run / arm / "predictions_dense.jsonl").read_text().count("\n") == 300, arm
+    ablations = report.read_text().split("## Ablations")[1].split("##")[0]
+    rows = [line for line in ablations.splitlines() if line.startswith(("| retriever |", "| masking |", "| index |"))]
+    assert len(rows) == 3 and all(row.rstrip().endswith("| 300 |") for row in rows)  # paired over the 300 shared
+
+
+def test_compare_on_shared_questions_pairs_each_question_once(tmp_path):
+    from realm.eval.qa import compare_predictions
+
+    def predictions(name: str, rows: list[tuple[str, bool]]) -> Path:
+        path = tmp_path / name
+        lines = (json.dumps({"question": q, "references": ["x"], "exact_match": ok}) + "\n" for q, ok in rows)
+        path.write_text("".join(lines))
+        return path
+
+    # "q" asked twice (the same text and references): the first with the first, the second with the second
+    a = predictions("a.jsonl", [("q", True), ("r", True), ("q", False), ("s", True)])
+    b = predictions("b.jsonl", [("q", False), ("q", False), ("s", True), ("t", True)])
+    paired = compare_predictions(a, b, shared=True)
+    assert paired["questions"] == 3 and paired["exact_match_a"] == pytest.approx(100 * 2 / 3, abs=0.01)
+    assert paired["exact_match_b"] == pytest.approx(100 / 3, abs=0.01)
+    with pytest.raises(ValueError, match="same questions in the same order"):
+        compare_predictions(a, b)
+    with pytest.raises(ValueError, match="no question in common"):
+        compare_predictions(a, predictions("c.jsonl", [("z", True)]), shared=True)
+
+
 def test_the_evaluation_sample_is_seeded_spread_and_in_file_order():
     from realm.data.qa_examples import QAExample
     from realm.pipeline.work import dev_sample

@@ -134,20 +134,19 @@ def evaluate_qa(
     return summarise(answered, recall_ks, answerer.k, exact_match, time.monotonic() - started)
 
 
-def compare_predictions(a: Path, b: Path) -> dict:
+def compare_predictions(a: Path, b: Path, shared: bool = False) -> dict:
     """Exact match of two predictions files over the same questions, and their paired difference a - b with its
-    95% bootstrap interval (an interval that excludes 0: a real difference at that level)."""
-    rows = []
-    for path in (a, b):
-        scores = []
-        for lineno, line in enumerate(Path(path).read_text().splitlines(), start=1):
-            try:
-                record = json.loads(line)
-                scores.append((record["question"], 100.0 * bool(record["exact_match"])))
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{path}:{lineno}: not a predictions line of `realm eval qa`: {err!r}") from err
-        rows.append(scores)
-    if [q for q, _ in rows[0]] != [q for q, _ in rows[1]]:
+    95% bootstrap interval (an interval that excludes 0: a real difference at that level). `shared`: pair the
+    questions both files hold (a question: its text, references and occurrence), in `a`'s order, as when one run
+    answered dev until its clock ran out and another a fixed sample of it; otherwise the files must hold the same
+    questions in the same order."""
+    rows = [_scored_questions(Path(path)) for path in (a, b)]
+    if shared:
+        in_b = dict(rows[1])
+        rows = [[(q, v) for q, v in rows[0] if q in in_b], [(q, in_b[q]) for q, _ in rows[0] if q in in_b]]
+        if not rows[0]:
+            raise ValueError(f"{a} and {b} hold no question in common")
+    elif [q for q, _ in rows[0]] != [q for q, _ in rows[1]]:
         raise ValueError(f"{a} and {b} do not hold the same questions in the same order")
     (em_a, em_b) = ([v for _, v in r] for r in rows)
     difference, (low, high) = paired_difference(em_a, em_b)
@@ -158,3 +157,19 @@ def compare_predictions(a: Path, b: Path) -> dict:
         "difference_95ci": [round(low, 2), round(high, 2)],
         "questions": len(em_a),
     }
+
+
+def _scored_questions(path: Path) -> list[tuple[tuple, float]]:
+    """A predictions file's questions, each keyed by its text, its references and which occurrence of that pair it
+    is, with 100 for an exact match and 0 otherwise."""
+    scores: list[tuple[tuple, float]] = []
+    seen: dict[tuple, int] = {}
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        try:
+            record = json.loads(line)
+            key = (record["question"], tuple(record.get("references", ())))
+            scores.append(((*key, seen.get(key, 0)), 100.0 * bool(record["exact_match"])))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path}:{lineno}: not a predictions line of `realm eval qa`: {err!r}") from err
+        seen[key] = seen.get(key, 0) + 1
+    return scores
