@@ -19,7 +19,8 @@ from realm.data.qa_examples import load_qa
 from realm.index.mips import MipsIndex
 from realm.models.orqa import QAModel
 from realm.recipes.finetune_qa import make_qa_batch, qa_questions
-from realm.training import bert_optimizer, linear_schedule, optimizer_step
+from realm.training.optim import bert_optimizer, optimizer_step
+from realm.training.schedule import linear_schedule
 
 MATMULS = {"aten::mm", "aten::addmm", "aten::bmm"}
 

@@ -22,7 +22,7 @@ import realm.index.refresh as refresh
 import realm.recipes.pretrain as recipe
 from realm.config import get_preset
 from realm.index.mips import MipsIndex
-from realm.training import read_metrics
+from realm.training.metrics import read_metrics
 
 
 def measure(run: Path, skip: int) -> dict:

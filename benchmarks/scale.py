@@ -104,7 +104,7 @@ def stage_index(work: Path, out: str) -> dict:
     from realm.config import get_preset
     from realm.data.blocks import BlockStore
     from realm.index.build import build_from_retriever
-    from realm.training import setup_distributed
+    from realm.training.distributed import setup_distributed
 
     d = setup_distributed()
     preset = get_preset("cpu")

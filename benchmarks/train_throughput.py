@@ -70,15 +70,9 @@ from realm.models.span_reader import SpanReader
 from realm.recipes.finetune_qa import make_qa_batch, qa_questions
 from realm.recipes.ict import make_ict_batch
 from realm.recipes.pretrain import make_pretrain_batch, masked_queries
-from realm.training import (
-    PREFETCH_ENV,
-    Prefetched,
-    bert_optimizer,
-    example_rng,
-    linear_schedule,
-    optimizer_step,
-    prefetch_depth,
-)
+from realm.training.data import PREFETCH_ENV, Prefetched, example_rng, prefetch_depth
+from realm.training.optim import bert_optimizer, optimizer_step
+from realm.training.schedule import linear_schedule
 
 
 def synchronize(device: torch.device) -> None:

@@ -31,7 +31,7 @@ from realm.config import (
     read_run_config,
 )
 from realm.recipes.pretrain import train_pretrain
-from realm.training import CHECKPOINTS, latest_checkpoint
+from realm.training.checkpoints import CHECKPOINTS, latest_checkpoint
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ from realm.data.qa_examples import load_qa
 from realm.data.sources import squad_question_titles
 from realm.eval.qa import compare_predictions
 from realm.pipeline.work import finetune, split_training_questions
-from realm.training import latest_checkpoint
+from realm.training.checkpoints import latest_checkpoint
 
 RESULT = "replicate.json"
 # the ablation table's rows (pipeline/ablations.py): the main run against each ablated one

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from realm.common.deadline import Deadline
 from realm.common.device import default_device
 from realm.common.weights import MINILM
 from realm.config import QAConfig, ReadingConfig, get_preset, parse_settings
@@ -35,11 +36,11 @@ from realm.models.orqa import QAModel
 from realm.pipeline.work import split_training_questions
 from realm.recipes.finetune_qa import BEST, train_qa
 from realm.recipes.reading import train_reading
-from realm.training import Deadline
+from realm.training.schedule import TimedSteps
 
 
-def deadline(minutes: float, step_seconds: float) -> Deadline:
-    return Deadline(at=time.time() + 60 * minutes, step_seconds=step_seconds)
+def deadline(minutes: float, step_seconds: float) -> TimedSteps:
+    return TimedSteps(Deadline(time.time() + 60 * minutes), step_seconds=step_seconds)
 
 
 def main() -> None:
@@ -71,7 +72,7 @@ def main() -> None:
     if args.read_minutes:
         reader = train_reading(
             args.model, args.index, train, args.out / "read", preset, resume=True,
-            deadline=deadline(args.read_minutes, preset.costs.read_step),
+            timed=deadline(args.read_minutes, preset.costs.read_step),
         )  # fmt: skip
     model_spec = args.model
     if args.qa_minutes:
@@ -81,7 +82,7 @@ def main() -> None:
             tuned = dataclasses.replace(preset, qa=qa)
             until = deadline(args.qa_minutes, preset.costs.qa_step)
             train_qa(args.model, args.index, train, tuning[:100], args.out / "qa", tuned, True, True,
-                     str(reader) if reader else None, deadline=until)  # fmt: skip
+                     str(reader) if reader else None, timed=until)  # fmt: skip
         model_spec, reader = str(best), None
     dtype = preset.compute_dtype(default_device())
     model = QAModel.load(model_spec, preset.retriever, reader=str(reader) if reader else None).eval()

@@ -36,7 +36,8 @@ from realm.data.sources import BadRecords, read_documents
 from realm.eval.intervals import bootstrap_interval
 from realm.models.inputs import encode_blocks, pad_batch
 from realm.models.realm import RealmModel, make_batch, pad_queries
-from realm.training import bert_optimizer, linear_schedule, optimizer_step
+from realm.training.optim import bert_optimizer, optimizer_step
+from realm.training.schedule import linear_schedule
 
 
 @dataclass(frozen=True)

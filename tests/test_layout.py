@@ -75,6 +75,7 @@ def test_the_package_shows_the_paper():
         "data",
         "models",
         "index",
+        "training",
         "eval",
         "recipes",
         "pipeline",

@@ -45,7 +45,7 @@ def test_the_pipeline_takes_the_gpu_preset_where_cuda_is(monkeypatch):
 
 
 def test_the_planners_thresholds_count_examples_so_the_gpu_preset_is_held_to_the_same_reading():
-    from realm.pipeline.plan import qa_min_steps, reader_warmup_steps
+    from realm.pipeline.estimate import qa_min_steps, reader_warmup_steps
 
     cpu, gpu = get_preset("cpu"), get_preset("gpu")
     assert (reader_warmup_steps(cpu.pretrain), qa_min_steps(cpu.qa)) == (1000, 100)  # steps of 8 (docs/log)

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from realm.training import PREFETCH_ENV, Prefetched, prefetch_depth
+from realm.training.data import PREFETCH_ENV, Prefetched, prefetch_depth
 
 
 def _numbers(stop: int | None = None, fail_at: int | None = None):

@@ -105,7 +105,7 @@ class ICTConfig:
     checkpoint_every: int = 1000
     log_every: int = 10
     seed: int = 0
-    decay_from: int = 0  # the decay starts no earlier than this step (a deadline's timed steps: training.py)
+    decay_from: int = 0  # the decay starts no earlier than this step (a deadline's timed steps: training/schedule.py)
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ class QAConfig:
     span_head: Literal["orqa", "start_end"] = "orqa"
     steps: int | None = None  # None: `epochs` passes over the training questions (a budget may set fewer)
     lr_warmup: int | None = None  # None: ORQA's rule from the steps (`warmup_steps`); a deadline settles it
-    decay_from: int = 0  # the decay starts no earlier than this step (a deadline's timed steps: training.py)
+    decay_from: int = 0  # the decay starts no earlier than this step (a deadline's timed steps: training/schedule.py)
     dev_limit: int | None = None  # held-out questions scored after each epoch to keep the best (None: all)
     checkpoint_every: int = 500
     log_every: int = 10
@@ -205,7 +205,7 @@ class ReadingConfig:
     head_lr_multiplier: float = 10.0  # the span head starts fresh
     steps: int | None = None  # None: `epochs` passes (a budget sets the steps)
     lr_warmup: int | None = None  # None: a tenth of the steps; a deadline settles it
-    decay_from: int = 0  # the decay starts no earlier than this step (a deadline's timed steps: training.py)
+    decay_from: int = 0  # the decay starts no earlier than this step (a deadline's timed steps: training/schedule.py)
     checkpoint_every: int = 100
     log_every: int = 10
     seed: int = 0

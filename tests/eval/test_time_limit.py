@@ -3,10 +3,10 @@ scored in a seeded order until the stage's allotment ends, on a fake clock."""
 
 from __future__ import annotations
 
+from realm.common.deadline import Deadline, TimeLimit
 from realm.data.qa_examples import QAExample
 from realm.eval.answerer import Answer
 from realm.eval.qa import AnsweredQuestion
-from realm.eval.time_limit import TimeLimit
 
 
 class FakeClock:
@@ -19,13 +19,13 @@ class FakeClock:
 
 def test_a_time_limit_takes_what_the_measured_pace_fits():
     clock = FakeClock()
-    limit = TimeLimit(at=1_100.0, least=10, clock=clock)
+    limit = TimeLimit(Deadline(1_100.0, clock), least=10)
     assert limit.fits(0, 64) == 64 and limit.fits(9, 64) == 64  # the least, whatever the clock
     clock.now += 50.0  # 50 items in 50 s: 1 s an item, 50 s left
     assert limit.fits(50, 64) == 50
     clock.now += 49.5
     assert limit.fits(99, 64) == 0  # half a second left: not one more
-    late = TimeLimit(at=900.0, least=3, clock=clock)  # a run already late scores its least, then stops
+    late = TimeLimit(Deadline(900.0, clock), least=3)  # a run already late scores its least, then stops
     assert late.fits(0, 2) == 2 and late.fits(2, 2) == 2
     clock.now += 1.0
     assert late.fits(4, 2) == 0
@@ -56,7 +56,7 @@ def test_the_evaluation_answers_until_its_allotment_ends_every_system_the_same_q
     per_question = {"dense": 0.11, "bm25": 0.10, "hybrid": 0.02}  # NQ's measured seconds, on 2 cores
     answerers = _answerers_on(clock, per_question, slows_after=600, monkeypatch=monkeypatch)
     began = clock.now
-    answered, seconds = answer_until(answerers, questions, TimeLimit(began + 600.0, least=300, clock=clock))
+    answered, seconds = answer_until(answerers, questions, TimeLimit(Deadline(began + 600.0, clock), least=300))
     took = clock.now - began
     assert 600.0 - 1.5 * sum(per_question.values()) <= took <= 600.0  # slowed mid-way, still on time
     first = [a.example for a in answered["dense"]]
@@ -65,8 +65,8 @@ def test_the_evaluation_answers_until_its_allotment_ends_every_system_the_same_q
     assert set(seconds) == set(per_question)  # each system's own seconds (time.monotonic)
     # all of them where they fit; the least where the run is already late
     clock.now, few = 0.0, questions[:500]
-    assert len(answer_until(answerers, few, TimeLimit(1e9, least=300, clock=clock))[0]["bm25"]) == 500
-    late, _ = answer_until(answerers, questions, TimeLimit(clock.now - 1.0, least=300, clock=clock))
+    assert len(answer_until(answerers, few, TimeLimit(Deadline(1e9, clock), least=300))[0]["bm25"]) == 500
+    late, _ = answer_until(answerers, questions, TimeLimit(Deadline(clock.now - 1.0, clock), least=300))
     assert len(late["hybrid"]) == 300 + (-300 % EVAL_CHUNK)  # whole chunks to the least, then no more
     assert answer_until(answerers, few, None)[0]["dense"][-1].example is few[-1]
 

@@ -16,16 +16,15 @@ from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, Reading
 from realm.index.mips import current_version, read_meta
 from realm.models.retriever import Retriever
 from realm.pipeline.calibrate import FINAL_SECONDS
-from realm.pipeline.plan import (
-    PipelineOptions,
+from realm.pipeline.estimate import (
     Workload,
     costed_for,
-    plan_pipeline,
     pretrain_step_seconds,
     qa_min_steps,
     reader_warmup_steps,
     scale_preset,
 )
+from realm.pipeline.plan import PipelineOptions, plan_pipeline
 from realm.pipeline.run import Pipeline
 from realm.pipeline.stages import STAGES, Stages, describe_input
 from realm.pipeline.work import EXAMPLE_POOL
@@ -50,7 +49,9 @@ def test_budget_scales_every_training_stage_to_fit():
     longer = plan_pipeline(cpu, work, 600)
     assert longer.preset.pretrain.steps > cpu.pretrain.steps  # a bigger budget buys more steps
     # a warm-up cut short of what the reader needs to read: the plan says which budget keeps it
-    assert reader_warmup_steps(cpu.pretrain) == 1000  # 1,000 steps of 8 sentences (pipeline/plan.py: WARMUP_FINDING)
+    assert (
+        reader_warmup_steps(cpu.pretrain) == 1000
+    )  # 1,000 steps of 8 sentences (pipeline/estimate.py: WARMUP_FINDING)
     assert plan.preset.pretrain.null_warmup_steps < 1000 and plan.reading_minutes is not None
     kept = plan_pipeline(cpu, work, plan.reading_minutes)
     assert kept.preset.pretrain.null_warmup_steps >= 1000 and kept.reading_minutes is None
@@ -75,7 +76,7 @@ def test_budget_scales_every_training_stage_to_fit():
 
 
 def test_each_stage_is_allotted_what_is_left_less_the_stages_after_it_each_kind_of_step_at_its_own_pace():
-    from realm.pipeline.plan import PACE_BOUND, time_stage
+    from realm.pipeline.pace import PACE_BOUND, time_stage
 
     cpu = get_preset("cpu")
     cpu = dataclasses.replace(cpu, reading=dataclasses.replace(cpu.reading, epochs=2.0))  # with the reading stage
@@ -86,7 +87,7 @@ def test_each_stage_is_allotted_what_is_left_less_the_stages_after_it_each_kind_
     slack = 90 * 60 - 60 * plan.estimated_minutes  # what the plan's rounding left unspent
     first = time_stage(plan, cpu, "ict", {"calibration": 120.0}, {}, {}, now=120.0)
     assert first.allotted == pytest.approx(ict.seconds + slack, abs=1.0)  # the first: what the plan gave it
-    assert first.scale == pytest.approx(plan.scale, rel=0.01) and first.deadline["at"] == 120.0 + first.allotted
+    assert first.scale == pytest.approx(plan.scale, rel=0.01) and first.timed.deadline.at == 120.0 + first.allotted
     # ICT's steps ran 1.4x slower than calibrated: REALM is paced by its own steps, and takes the overrun
     ict_steps = ict.steps * ict.step_seconds
     took = {"calibration": 120.0, "ict": ict.fixed_seconds + 1.4 * ict_steps}
@@ -97,10 +98,10 @@ def test_each_stage_is_allotted_what_is_left_less_the_stages_after_it_each_kind_
     rest = sum(s.seconds for s in after) + cpu.costs.fixed_seconds
     assert timing.allotted == pytest.approx(90 * 60 - now - rest)
     assert timing.allotted == pytest.approx(realm.seconds + slack - 0.4 * ict_steps, abs=1.0)
-    assert timing.scale < plan.scale and timing.deadline["at"] == pytest.approx(now + timing.allotted)
-    assert timing.deadline["step_seconds"] == cpu.costs.query_tower_pretrain_step  # a retrieval step, sized
+    assert timing.scale < plan.scale and timing.timed.deadline.at == pytest.approx(now + timing.allotted)
+    assert timing.timed.step_seconds == cpu.costs.query_tower_pretrain_step  # a retrieval step, sized
     sized = scale_preset(cpu, timing.scale, work.qa_train).pretrain
-    assert timing.deadline["reserved_steps"] == sized.steps - sized.null_warmup_steps
+    assert timing.timed.reserved_steps == sized.steps - sized.null_warmup_steps
     # REALM as the plan estimated it, then QA: what is left less the evaluation, the examples and the end
     took["realm"], ran, stepping = realm.seconds, {"ict": ict, "realm": realm}, {"ict": 1.4 * ict_steps}
     stepping["realm"] = realm.steps * realm.step_seconds
@@ -110,7 +111,7 @@ def test_each_stage_is_allotted_what_is_left_less_the_stages_after_it_each_kind_
     timing = time_stage(plan, cpu, "read", took, ran, stepping, now)
     before_read = sum(planned[name].seconds for name in ("read", "qa_start", "ict_index", "realm_index"))
     assert timing.allotted == pytest.approx(before_read + slack - 0.4 * ict_steps, abs=1.0)
-    assert timing.deadline["step_seconds"] == cpu.costs.read_step and timing.scale < plan.scale
+    assert timing.timed.step_seconds == cpu.costs.read_step and timing.scale < plan.scale
     assert scale_preset(cpu, plan.scale, work.qa_train).reading.steps == read.steps > 0
     took["read"], ran["read"], stepping["read"] = read.seconds, read, read.steps * read.step_seconds
     now += read.seconds
@@ -119,10 +120,10 @@ def test_each_stage_is_allotted_what_is_left_less_the_stages_after_it_each_kind_
     assert timing.pace.other == pytest.approx(1.0)
     skipped = before_read - read.seconds  # the stages between REALM and the reading stage this test did not run
     assert timing.allotted == pytest.approx(planned["qa"].seconds + skipped + slack - 0.4 * ict_steps, abs=1.0)
-    scoring = timing.deadline["scoring_seconds"]
-    assert scoring == pytest.approx(500 * cpu.costs.qa_question) and timing.deadline["epoch_steps"] == 1135
-    assert timing.deadline["at"] < now + timing.allotted - scoring  # the last scoring and recalls after the steps
-    assert timing.deadline["least_steps"] == qa_min_steps(cpu.qa)
+    scoring = timing.timed.scoring_seconds
+    assert scoring == pytest.approx(500 * cpu.costs.qa_question) and timing.timed.epoch_steps == 1135
+    assert timing.timed.deadline.at < now + timing.allotted - scoring  # the last scoring and recalls after the steps
+    assert timing.timed.least_steps == qa_min_steps(cpu.qa)
     # a stage ten times slower (a shared machine for a minute, a cut and resume) moves its pace by PACE_BOUND at most
     stalled = {"calibration": 120.0, "ict": ict.fixed_seconds + 10 * ict_steps}
     timing = time_stage(plan, cpu, "realm", stalled, {"ict": ict}, {"ict": 10 * ict_steps}, sum(stalled.values()))
@@ -130,7 +131,8 @@ def test_each_stage_is_allotted_what_is_left_less_the_stages_after_it_each_kind_
 
 
 def test_the_evaluation_and_the_examples_score_the_sample_that_fits_what_is_left():
-    from realm.pipeline.plan import MIN_EVAL_QUESTIONS, MIN_SCORED_SENTENCES, SCORED_SENTENCES, time_stage
+    from realm.pipeline.estimate import MIN_EVAL_QUESTIONS, MIN_SCORED_SENTENCES, SCORED_SENTENCES
+    from realm.pipeline.pace import time_stage
 
     cpu = get_preset("cpu")
     work = Workload(blocks=16772, qa_train=9074, qa_dev=1496, qa_held_out=500, held_out_sentences=2_000)
@@ -175,7 +177,7 @@ def test_a_long_start_is_not_read_as_slow_steps():
     """The GPU run of issue 57: REALM's start (process, models, builder, first index) took longer than estimated
     while its steps kept their pace; pacing the whole stage as one cut QA to x0.00-x0.11 with 40% of the budget
     left. Starts and steps are paced apart, and each kind of step by its own, so QA keeps its steps."""
-    from realm.pipeline.plan import time_stage
+    from realm.pipeline.pace import time_stage
 
     gpu_like = dataclasses.replace(get_preset("cpu"), costs=GPU_LIKE)
     work = Workload(blocks=20_307, qa_train=8_574, qa_dev=1_496, qa_held_out=500)
@@ -195,7 +197,8 @@ def test_the_plan_trains_first_and_samples_what_measures_it():
     """Synthetic machines: a GPU-like one (60 ms steps, long starts), a bf16 CPU and an AVX2 CPU (6 s steps, slow
     embedding). Training steps get TRAINING_SHARE of the budget wherever measuring everything does not fit beside
     it; evaluation and held-out scoring are then seeded samples, never below their least."""
-    from realm.pipeline.plan import MIN_EVAL_QUESTIONS, MIN_SCORED_SENTENCES, TRAINING_SHARE
+    from realm.pipeline.estimate import MIN_EVAL_QUESTIONS, MIN_SCORED_SENTENCES
+    from realm.pipeline.plan import TRAINING_SHARE
 
     cpu = get_preset("cpu")
     cpu = dataclasses.replace(cpu, ict=dataclasses.replace(cpu.ict, steps=0))  # as `realm pipeline` runs it
@@ -498,7 +501,11 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
         "realm_vs_start",
         "answer_coverage",
         "question_set",
+        "outcomes",
     }
+    outcomes = evaluation["outcomes"]  # per question, compact: what `realm results --check` pairs two runs on
+    assert len(outcomes["rows"]) == len(QUESTIONS) and set(outcomes) == {"rows", "dense", "bm25", "hybrid"}
+    assert all(len(outcomes[s]) == len(QUESTIONS) and set(outcomes[s]) <= {"0", "1"} for s in ("dense", "hybrid"))
     assert evaluation["realm_vs_start"]["start"] == "ICT" and "recall@5" in evaluation["realm_vs_start"]
     ranks = json.loads((run / "eval" / "zero_shot_ranks.json").read_text())
     assert set(ranks) == {"off-the-shelf", "ICT", "REALM"} and all(len(r) == len(QUESTIONS) for r in ranks.values())
@@ -823,6 +830,29 @@ def test_compare_on_shared_questions_pairs_each_question_once(tmp_path):
         compare_predictions(a, b)
     with pytest.raises(ValueError, match="no question in common"):
         compare_predictions(a, predictions("c.jsonl", [("z", True)]), shared=True)
+
+
+def test_a_recorded_plan_replays_from_its_measured_costs():
+    """The README's record (the bare `realm pipeline` at a3b6601: its plan.json's workload, measured costs, budget
+    and what the stages before the plan took), planned again by today's code: the same scale, stage estimates,
+    sizing and scaled preset. A change of the plan's behaviour (or of the cpu preset) shows here first; where it is
+    meant, re-run the record and replace this copy."""
+    record = json.loads((Path(__file__).parent / "records" / "plan_default_a3b6601.json").read_text())
+    preset = dataclasses.replace(get_preset(record["basis"]["preset"]), costs=StageCosts(**record["costs"]))
+    ict = dataclasses.replace(preset.ict, steps=preset.ict.steps if preset.pipeline_ict else 0)  # as the CLI sets it
+    preset = dataclasses.replace(preset, ict=ict)
+    work = Workload(**record["basis"]["workload"])
+    plan = plan_pipeline(preset, work, record["budget_minutes"], spent_seconds=record["spent_seconds"])
+    assert plan.scale == pytest.approx(record["scale"], rel=1e-9)
+    assert plan.estimated_minutes == pytest.approx(record["estimated_minutes"], rel=1e-9)
+    assert [s.name for s in plan.stages] == [s["name"] for s in record["stages"]]
+    for ours, recorded in zip(plan.stages, record["stages"]):
+        figures = (ours.steps, ours.step_seconds, ours.fixed_seconds, ours.seconds)
+        assert figures == pytest.approx(
+            tuple(recorded[k] for k in ("steps", "step_seconds", "fixed_seconds", "seconds"))
+        )
+    assert dataclasses.asdict(plan.work) == record["work"] and plan.reading_minutes == record["reading_minutes"]
+    assert plan.preset.to_dict() == record["preset"]
 
 
 def test_the_evaluation_sample_is_seeded_spread_and_in_file_order():

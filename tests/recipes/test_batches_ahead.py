@@ -18,7 +18,8 @@ from realm.data.sentences import SentenceSet, build_sentences
 from realm.recipes.finetune_qa import answer_labels, qa_batches, qa_questions
 from realm.recipes.ict import ict_batches, sentence_spans
 from realm.recipes.pretrain import pretrain_queries, train_pretrain
-from realm.training import ONE_PROCESS, DataPosition, Prefetched
+from realm.training.data import DataPosition, Prefetched
+from realm.training.distributed import ONE_PROCESS
 
 QUESTIONS = [
     QAExample("What is the capital of Japan?", ("Tokyo",)),

@@ -37,7 +37,9 @@ from realm.models.realm import (
     select_candidates,
 )
 from realm.models.retriever import Retriever
-from realm.training import DataOrder, DataPosition, bert_optimizer, linear_schedule
+from realm.training.data import DataOrder, DataPosition
+from realm.training.optim import bert_optimizer
+from realm.training.schedule import linear_schedule
 
 NO_DROPOUT_SHAPE = dataclasses.replace(TINY_SHAPE, dropout=0.0)
 TINY_PRESET = Preset(
@@ -320,7 +322,8 @@ def test_towers_keep_zero_lr_until_their_start():
 
 def test_a_resumed_run_takes_its_learning_rates_from_its_config_not_the_checkpoint(tmp_path):
     """A branch of a run (experiments/pretrain_branch.py) may change a rate: LambdaLR's saved base rates must not win."""
-    from realm.training import ONE_PROCESS, load_checkpoint, save_checkpoint
+    from realm.training.checkpoints import load_checkpoint, save_checkpoint
+    from realm.training.distributed import ONE_PROCESS
 
     def trainer(tower_lr: float):
         model = torch.nn.ModuleDict({"retriever": torch.nn.Linear(2, 2), "reader": torch.nn.Linear(2, 2)})
@@ -659,10 +662,10 @@ def test_training_survives_a_dead_builder(tmp_path, tiny_corpus, monkeypatch):
 
 
 def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
+    from realm.common.deadline import Deadline, TimeLimit
     from realm.data.recoverable import SpanFinder
     from realm.data.sentences import SentenceSet, build_sentences
     from realm.eval.mlm import masked_span_accuracy
-    from realm.eval.time_limit import TimeLimit
     from realm.index.build import build_index
     from realm.index.embed import BlockEmbedder
     from realm.models.mlm_reader import Reader
@@ -701,7 +704,7 @@ def test_masked_span_accuracy_with_and_without_retrieval(tmp_path, tiny_corpus):
     with_spans = sum(1 for spans in sentences.spans if spans)
     assert each["sentences"] <= with_spans and each["spans"] >= each["sentences"] > 0
     # a stage already past its allotment scores its least (here: the first batch's sentences), then stops
-    late = TimeLimit(time.time() - 1.0, least=1)
+    late = TimeLimit(Deadline(time.time() - 1.0), least=1)
     cut = masked_span_accuracy(model, sentences, tiny_corpus, None, 3, 32, batch_size=2, every_span=True, until=late)
     assert 0 < cut["sentences"] <= 2 < each["sentences"] and cut["spans"] == 2
     assert each["retrieval_gain"] == pytest.approx(each["token_accuracy"] - each["null_token_accuracy"])

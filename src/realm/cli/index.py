@@ -13,7 +13,7 @@ def cmd_index_build(args: argparse.Namespace) -> int:
     """One process, or every rank of a torchrun job embedding its share (rank 0 merges and publishes)."""
     from realm.data.blocks import BlockStore
     from realm.index.build import build_from_retriever
-    from realm.training import setup_distributed
+    from realm.training.distributed import setup_distributed
 
     d = setup_distributed()
     preset = resolve_preset(args)

@@ -18,6 +18,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     """Every stage from the corpus to the report; a re-run skips what matches and resumes what was cut off."""
     from realm.pipeline.plan import PipelineOptions
     from realm.pipeline.run import Pipeline
+    from realm.pipeline.seeds import seed_dir, seeded, summarise_seeds, write_seeds
 
     preset = get_preset(args.preset or default_preset())
     if args.retriever:
@@ -43,7 +44,18 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         command=" ".join(["realm", *map(shlex.quote, args.argv)]),
     )
-    Pipeline(options, preset).run()
+    if args.seeds is None:
+        Pipeline(options, seeded(preset, args.seed) if args.seed is not None else preset).run()
+        return 0
+    if args.seed is not None or args.seeds < 2:
+        raise ValueError("--seeds N runs seeds 0 to N-1 (N >= 2): give it alone, without --seed")
+    runs = []
+    for seed in range(args.seeds):  # each a run of its own: a finished seed is skipped, a cut one resumed
+        run = seed_dir(options.run_dir, seed)
+        Pipeline(dataclasses.replace(options, run_dir=run), seeded(preset, seed)).run()
+        runs.append(run)
+    out = write_seeds(options.run_dir, summarise_seeds(runs), options.command)
+    print(f"[pipeline] seeds: {out}")
     return 0
 
 
@@ -132,6 +144,15 @@ def add_commands(commands) -> None:
     )
     pipeline.add_argument(
         "--dtype", choices=["auto", "bf16", "fp32"], help="compute dtype of every stage (auto: bf16 where supported)"
+    )
+    pipeline.add_argument(
+        "--seed", type=int, help="seed every trainer with this (data order, masks, dropout; default: the preset's, 0)"
+    )
+    pipeline.add_argument(
+        "--seeds",
+        type=int,
+        help="run the recipe N times, seeds 0 to N-1, each into RUN_DIR/seed-<k> with the whole budget, then "
+        "RUN_DIR/seeds.md: each figure per seed, mean and 95%% t-interval (training's spread)",
     )
     common(pipeline, preset_default=None, preset_help="gpu where CUDA is, else cpu")
     pipeline.set_defaults(run=cmd_pipeline)

@@ -40,3 +40,29 @@ def paired_difference(
         raise ValueError(f"paired scores need the same questions: {len(a)} vs {len(b)}")
     difference = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
     return float(difference.mean()), bootstrap_interval(difference, level, resamples, seed)
+
+
+# Student's t quantile at 97.5% by degrees of freedom (a two-sided 95% interval); beyond the table, the normal's
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+T_975 |= {11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093}
+T_975 |= {20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+
+def t_quantile(df: int) -> float:
+    """t(0.975, df): the table's value at `df`, or at the next smaller df it lists (a wider interval: safe)."""
+    if df < 1:
+        raise ValueError("a t interval needs at least two values")
+    return T_975[max(k for k in T_975 if k <= df)] if df <= 120 else 1.96
+
+
+def seed_interval(values: Sequence[float]) -> tuple[float, float, tuple[float, float], tuple[float, float]]:
+    """Runs of one recipe with different seeds: (mean, standard deviation, the 95% t-interval of the mean, the 95%
+    prediction interval of one more run). The question-resampling intervals of each run leave training's own
+    spread out; this is that spread."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) < 2:
+        raise ValueError("a seed spread needs at least two runs")
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    t = t_quantile(len(x) - 1)
+    half, next_run = t * sd / np.sqrt(len(x)), t * sd * np.sqrt(1 + 1 / len(x))
+    return mean, sd, (mean - half, mean + half), (mean - next_run, mean + next_run)

@@ -17,15 +17,15 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from realm.common.deadline import TimeLimit
 from realm.data.blocks import BlockStore
 from realm.data.recoverable import SpanFinder
 from realm.data.sentences import MaskedQuery, SentenceSet, mask_each_salient_span
 from realm.eval.intervals import bootstrap_interval
-from realm.eval.time_limit import TimeLimit
 from realm.index.mips import MipsIndex
 from realm.index.search import retrieve
 from realm.models.realm import RealmBatch, RealmModel, make_batch, pad_queries
-from realm.training import example_rng
+from realm.training.data import example_rng
 
 EVAL_SEED = 12345
 # a masked span is retrieved (a candidate holds it), else recoverable (another document holds it), else neither

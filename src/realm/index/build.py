@@ -38,7 +38,7 @@ from realm.index.mips import (
     version_dir,
 )
 from realm.models.retriever import Retriever
-from realm.training import ONE_PROCESS, Dist, broadcast
+from realm.training.distributed import ONE_PROCESS, Dist, broadcast
 
 
 def build_index(

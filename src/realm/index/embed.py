@@ -25,7 +25,7 @@ from realm.data.blocks import BlockStore
 from realm.index.backends import MipsIndexError
 from realm.models.inputs import encode_blocks, pad_batch
 from realm.models.retriever import Tower
-from realm.training import ONE_PROCESS, Dist, barrier
+from realm.training.distributed import ONE_PROCESS, Dist, barrier
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from realm.index.build import build_from_retriever
 from realm.index.builder_flags import builder_arguments
 from realm.index.mips import BUILDING, current_version, read_meta
 from realm.models.retriever import Retriever
-from realm.training import ONE_PROCESS, Dist, broadcast, on_every_rank, setup_distributed
+from realm.training.distributed import ONE_PROCESS, Dist, broadcast, on_every_rank, setup_distributed
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from realm.config import PretrainConfig
 from realm.eval.qa import compare_predictions
 from realm.pipeline.curves import plot_runs
 from realm.pipeline.document import ReportDocument
-from realm.training import read_metrics
+from realm.training.metrics import read_metrics
 
 
 def ablation_variants(pretrain: PretrainConfig) -> dict[str, dict]:

@@ -40,7 +40,7 @@ from realm.recipes.finetune_qa import BEST, train_qa
 from realm.recipes.ict import train_ict
 from realm.recipes.pretrain import train_pretrain
 from realm.recipes.reading import reading_summary, train_reading
-from realm.training import read_metrics
+from realm.training.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 

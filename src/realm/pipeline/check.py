@@ -1,63 +1,117 @@
 """`realm results --check RUN`: does a rerun of a README command agree with the record of its row?
 
 pyserini's reproduction pages are the model: a command, the figures it should give, and a checker. A run's
-figures are compared with the recorded run of the same command (`docs/runs/<name>/`, the record a README row links):
-each figure agrees when it lies within the recorded 95% interval, and the budget when the run kept it. The record
-is chosen among those of the same command: computed in the same precision if one was, then the newest.
+figures are compared with the recorded run of the same command (`docs/runs/<name>/`, the record a README row links).
+A figure agrees when the difference between the two runs is within what both runs' spread allows at 95%: paired
+over the questions (or held-out sentences) both scored where both records keep their per-item outcomes, else from
+both runs' intervals (the checked run's spread counts as much as the record's). The budget agrees when the run
+ended within the report's band of it (report.py: BUDGET_BAND). The record is chosen among those of the same
+command: computed in the same precision if one was, then the newest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from realm.common.provenance import PACKAGE, describe_commit
-from realm.pipeline.results_page import command_of, load_records, machine_of
+from realm.eval.intervals import paired_difference
+from realm.pipeline.report import BUDGET_BAND
+from realm.pipeline.results_page import SEEDS_SUMMARY, command_of, load_records, machine_of
+
+Z95 = 1.96
 
 
 @dataclasses.dataclass(frozen=True)
 class Figure:
+    """A figure a run reports: its value and 95% interval, or for the minutes taken the `budget` they are held to;
+    `items`: what each scored item (a dev question's row, a held-out sentence's place in the seeded order) gave,
+    where the record keeps it, so that two runs are compared on the items both scored."""
+
     name: str
     value: float
-    interval: tuple[float, float] | None  # the 95% interval (None: a limit instead)
-    at_most: float | None = None  # the minutes a run took: its budget is a deadline
+    interval: tuple[float, float] | None  # the 95% interval (None: a budget instead)
+    budget: float | None = None  # the minutes a run may take: its budget is a deadline
+    items: dict[int, float] | None = None
+    next_run: tuple[float, float] | None = None  # a seeds record: where one more run should fall (95%)
+
+    @property
+    def standard_error(self) -> float | None:
+        return (self.interval[1] - self.interval[0]) / (2 * Z95) if self.interval else None
 
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     name: str
-    value: float | None  # the checked run's; None where it did not measure it
+    mine: Figure | None  # the checked run's; None where it did not measure it
     recorded: Figure
 
     @property
-    def agrees(self) -> bool:
-        if self.value is None:
-            return False
-        if self.recorded.at_most is not None:
-            return self.value <= self.recorded.at_most
-        assert self.recorded.interval is not None
-        low, high = self.recorded.interval
-        return low <= self.value <= high
+    def difference(self) -> tuple[float, tuple[float, float], str] | None:
+        """(mine - recorded, its 95% interval, how it was found); None: not measured, or a budget."""
+        mine, recorded = self.mine, self.recorded
+        if mine is None or recorded.budget is not None or recorded.next_run is not None:
+            return None
+        if mine.items and recorded.items:
+            shared = sorted(mine.items.keys() & recorded.items.keys())
+            if len(shared) >= 2:
+                difference, interval = paired_difference(
+                    [mine.items[i] for i in shared], [recorded.items[i] for i in shared]
+                )
+                return difference, interval, f"paired over {len(shared)}"
+        spreads = [f.standard_error for f in (mine, recorded) if f.standard_error is not None]
+        margin = Z95 * math.sqrt(sum(se * se for se in spreads))
+        difference = mine.value - recorded.value
+        return difference, (difference - margin, difference + margin), "both runs' intervals"
 
     @property
-    def mine(self) -> str:
-        return "not measured" if self.value is None else f"{self.value:.2f}"
+    def agrees(self) -> bool:
+        if self.mine is None:
+            return False
+        if self.recorded.budget is not None:
+            low, high = BUDGET_BAND
+            return low * self.recorded.budget <= self.mine.value <= high * self.recorded.budget
+        if self.recorded.next_run is not None:
+            low, high = self.recorded.next_run
+            return low <= self.mine.value <= high
+        found = self.difference
+        assert found is not None
+        _, (low, high) = found[:2]
+        return low <= 0 <= high
+
+    @property
+    def shown(self) -> str:
+        return "not measured" if self.mine is None else f"{self.mine.value:.2f}"
 
     @property
     def expected(self) -> str:
-        if self.recorded.at_most is not None:
-            return f"at most {self.recorded.at_most:.2f} (recorded {self.recorded.value:.2f})"
-        assert self.recorded.interval is not None
-        low, high = self.recorded.interval
-        return f"{low:.2f} to {high:.2f} (recorded {self.recorded.value:.2f})"
+        if self.recorded.budget is not None:
+            low, high = (share * self.recorded.budget for share in BUDGET_BAND)
+            return f"{low:.2f} to {high:.2f} (recorded {self.recorded.value:.2f})"
+        if self.recorded.next_run is not None:
+            low, high = self.recorded.next_run
+            return f"{low:.2f} to {high:.2f} (one more run of the seeds' recipe; their mean {self.recorded.value:.2f})"
+        found = self.difference
+        if found is None:
+            return f"recorded {self.recorded.value:.2f}"
+        difference, (low, high), how = found
+        return f"recorded {self.recorded.value:.2f}; difference {difference:+.2f} [{low:+.2f}, {high:+.2f}], {how}"
 
     def line(self) -> str:
-        return f"  {self.name:<42} {self.mine:>12}   {self.expected:<32} {'agrees' if self.agrees else 'DIFFERS'}"
+        return f"  {self.name:<42} {self.shown:>12}   {self.expected:<60} {'agrees' if self.agrees else 'DIFFERS'}"
 
 
 def _interval(values: list[float] | None) -> tuple[float, float] | None:
     return (float(values[0]), float(values[1])) if values else None
+
+
+def _outcomes(outcomes: dict | None, system: str) -> dict[int, float] | None:
+    """A system's exact match per dev row (100 or 0), from the eval record's compact outcomes."""
+    if not outcomes or system not in outcomes:
+        return None
+    return {row: 100.0 * (mark == "1") for row, mark in zip(outcomes["rows"], outcomes[system], strict=True)}
 
 
 def run_figures(run_dir: Path) -> dict[str, Figure]:
@@ -68,20 +122,25 @@ def run_figures(run_dir: Path) -> dict[str, Figure]:
     finished = max((record["finished"] for record in stages.values()), default=None)
     if finished and plan.get("began") and plan.get("budget_minutes"):
         budget = plan["budget_minutes"]
-        found.append(Figure(f"minutes taken of {budget:g}", (finished - plan["began"]) / 60, None, at_most=budget))
+        found.append(Figure(f"minutes taken of {budget:g}", (finished - plan["began"]) / 60, None, budget=budget))
     ev = r.get("eval", {})
     for system in ("hybrid", "dense", "bm25"):
         if ev.get(system, {}).get("exact_match_95ci"):  # records before every system had its interval: hybrid
             em = ev[system]
-            found.append(Figure(f"exact match, {system}", em["exact_match"], _interval(em["exact_match_95ci"])))
+            items = _outcomes(ev.get("outcomes"), system)
+            found.append(
+                Figure(f"exact match, {system}", em["exact_match"], _interval(em["exact_match_95ci"]), None, items)
+            )
     for k, gain in ev.get("realm_vs_start", {}).items():
         if k.startswith("recall@"):
             name = f"REALM minus its start, zero-shot {k}"
             found.append(Figure(name, gain["difference"], _interval(gain["difference_95ci"])))
     scored = r.get("examples", {}).get("with_retrieval")
     if scored:
-        gain = scored["retrieval_gain"]
-        found.append(Figure("held-out masked-LM gain", gain, _interval(scored["retrieval_gain_95ci"])))
+        gains = scored.get("per_sentence_gain")  # in the seeded order: the same first sentences in every run
+        items = dict(enumerate(gains)) if gains else None  # points
+        value, interval = scored["retrieval_gain"], _interval(scored["retrieval_gain_95ci"])
+        found.append(Figure("held-out masked-LM gain", value, interval, None, items))
     return {f.name: f for f in found}
 
 
@@ -124,27 +183,53 @@ def default_records() -> Path:
     return here if here.is_dir() else PACKAGE.parents[1] / "docs" / "runs"
 
 
+def seeds_record(records: Path, command: str) -> Path | None:
+    """A folder of `records` holding a seeds summary of `command` (pipeline/seeds.py), if there is one."""
+    for folder in sorted(records.iterdir()) if records.is_dir() else []:
+        path = folder / SEEDS_SUMMARY
+        if path.is_file() and command_of({"options": {"command": json.loads(path.read_text())["command"]}}) == command:
+            return folder
+    return None
+
+
+def seed_figures(folder: Path) -> dict[str, Figure]:
+    """A seeds record's figures: their mean, and the interval one more run should fall in (or the budget)."""
+    summary = json.loads((folder / SEEDS_SUMMARY).read_text())
+    figures = {}
+    for name, f in summary["figures"].items():
+        budget = f.get("budget")
+        next_run = None if budget is not None else (f["next_run_95ci"][0], f["next_run_95ci"][1])
+        figures[name] = Figure(name, f["mean"], None, budget=budget, next_run=next_run)
+    return figures
+
+
 def check_run(run_dir: Path, records: Path | None = None) -> tuple[bool, list[str]]:
-    """(whether every recorded figure agrees, the lines that say so)."""
-    reference = reference_for(run_dir, records or default_records())
+    """(whether every recorded figure agrees, the lines that say so). A seeds record of the same command is
+    preferred: its spread is training's as well as the questions'."""
+    records = records or default_records()
     plan, _ = load_records(run_dir)
+    seeds = seeds_record(records, command_of(plan))
+    reference = next(iter(sorted(seeds.glob("seed-*")))) if seeds is not None else reference_for(run_dir, records)
     recorded_plan, _ = load_records(reference)
-    mine, recorded = run_figures(run_dir), run_figures(reference)
+    mine = run_figures(run_dir)
+    recorded = seed_figures(seeds) if seeds is not None else run_figures(reference)
     if not mine:
         raise ValueError(f"{run_dir}: no finished stage with a figure to check (is the run still going?)")
+    against = f"the seeds of {seeds}" if seeds is not None else str(reference)
     lines = [
         f"checking {run_dir} (`{command_of(plan)}`; {machine_of(plan)}; code {describe_commit(plan.get('code'))})",
-        f"against {reference} ({machine_of(recorded_plan)}; code {describe_commit(recorded_plan.get('code'))})",
+        f"against {against} ({machine_of(recorded_plan)}; code {describe_commit(recorded_plan.get('code'))})",
     ]
     if plan.get("compute_dtype") != recorded_plan.get("compute_dtype"):
         lines.append("  note: computed in another precision than the record; figures may differ for that alone")
-    comparisons = [Comparison(name, mine[name].value if name in mine else None, f) for name, f in recorded.items()]
+    comparisons = [Comparison(name, mine.get(name), f) for name, f in recorded.items()]
     lines += [c.line() for c in comparisons]
     differs = [c for c in comparisons if not c.agrees]
     if differs:
-        lines.append("does not agree: " + "; ".join(f"{c.name} {c.mine}, expected {c.expected}" for c in differs))
+        lines.append("does not agree: " + "; ".join(f"{c.name} {c.shown}, expected {c.expected}" for c in differs))
     else:
+        figures = sum(1 for c in comparisons if c.recorded.budget is None)
         lines.append(
-            f"agrees: the budget kept, and each of {len(comparisons) - 1} figures within the recorded interval"
+            f"agrees: the budget kept, and each of {figures} figures within what the runs' spread allows (95%)"
         )
     return not differs, lines

@@ -15,14 +15,16 @@ from pathlib import Path
 from realm.common.io import write_atomic
 from realm.common.provenance import describe_commit
 from realm.config import PretrainConfig, StageCosts, read_run_config
-from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations, start_retriever
+from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations
 from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import ReportDocument
+from realm.pipeline.estimate import WARMUP_FINDING, reader_warmup_steps, retrieval_step_seconds, step_kind
 from realm.pipeline.headline import headline
-from realm.pipeline.plan import WARMUP_FINDING, PipelinePlan, reader_warmup_steps, retrieval_step_seconds, step_kind
+from realm.pipeline.plan import PipelinePlan
+from realm.pipeline.report_qa import qa_start_section, qa_tables, reader_training_section
 from realm.pipeline.stages import step_seconds
 from realm.recipes.warmup import OWN_BLOCK_READINGS
-from realm.training import read_metrics
+from realm.training.metrics import read_metrics
 
 
 def _configuration(doc: ReportDocument, r: dict, plan: PipelinePlan, code: dict | None) -> None:
@@ -226,183 +228,6 @@ def _curves(doc: ReportDocument, run_dir: Path, records: dict) -> None:
                 doc.image(png, f"{stage} training curves")
 
 
-SYSTEM_LABELS = {
-    "dense": "{retriever} retriever ({tower}) + reader",
-    "hybrid": "hybrid: dense + w · BM25 + the same reader",
-    "bm25": "BM25 + the same reader",
-}
-READER_REASONS = {
-    "warm start": "the pipeline's default, not measured in this run: with the retriever fixed, REALM's masked-LM "
-    "reader was no better a start "
-    "(docs/log/2026-11-28-results-honest-numbers-the-choices-re-measured-on-a-tuning-split-nineteenth.md: "
-    "-1.04 EM [-2.77, +0.75] after 300 "
-    "QA steps, on the tuning split's 1,732 questions; earlier, on dev, -7.09 [-8.89, -5.35])",
-    "REALM": "the ablations measure REALM pretraining, its reader included",
-}
-
-
-def _qa_start(doc: ReportDocument, r: dict) -> None:
-    """Where QA fine-tuning started, and which query tower it kept (work.py: keep_query_tower)."""
-    start, query_tower = r["qa_start"], r.get("qa", {}).get("query_tower")
-    doc.heading("Where QA fine-tuning started")
-    recall = ", ".join(f"{label} {value:.2f}" for label, value in start["recall@5"].items())
-    why = "fixed by --ablations, which compare REALM pretraining" if start["fixed"] else "the highest"
-    doc.paragraph(
-        f"Retriever: **{start['retriever']}** ({why}; zero-shot recall@5 on {_selection(start)}: {recall}). "
-        f"Reader: **{start['reader']}**: {READER_REASONS[start['reader']]}."
-    )
-    if query_tower:
-        held_out = query_tower["recall@5"]
-        kept = "the fine-tuned one" if query_tower["kept"] == "fine-tuned" else "the start's, fine-tuning's set aside"
-        doc.paragraph(
-            f"Query tower after fine-tuning: **{kept}**: recall@5 on the same {query_tower['questions']} held-out "
-            f"questions, fine-tuned {held_out['fine-tuned']:.2f} vs start {held_out['start']:.2f}; the fine-tuned tower "
-            "is kept only when it is higher."
-        )
-
-
-def _reader_training(doc: ReportDocument, records: dict) -> None:
-    """How the reader that answers was trained: the reading stage (recipes/reading.py) where the preset has one, then
-    ORQA's fine-tuning; questions, passes and minutes of each."""
-    parts = []
-    if "read" in records:
-        read = records["read"].result
-        found = read["found"]
-        skipped = found["no_answer_block"] + found["no_answer_span"]
-        parts.append(
-            f"the reading stage: {read['steps']:,} steps over {read['read_questions']:,} training questions "
-            f"({read['passes']:.2f} passes; {found['from_context']:,} read in their gold paragraph at the answer's "
-            f"offset, {found['from_retrieval']:,} in the best-ranked retrieved block holding the answer; {skipped:,} "
-            f"skipped: no answer-bearing block among the top retrieved, or no span of at most the reader's width "
-            f"reads as the answer; {found['offsets_not_matching']:,} offsets that did not match their context), one "
-            f"such block and {read.get('negatives', 1)} retrieved without the answer a question, in "
-            f"{records['read'].seconds / 60:.1f} min"
-        )
-    if "qa" in records:
-        qa = records["qa"].result
-        steps = (qa.get("steps_trained") or {}).get("trained", {}).get("steps")
-        if steps is not None:
-            parts.append(
-                f"ORQA's fine-tuning (the top 5 retrieved blocks a question, joint with the query tower): {steps:,} "
-                f"steps, in {records['qa'].seconds / 60:.1f} min"
-            )
-    if parts:
-        doc.paragraph("How the reader was trained: " + "; then ".join(parts) + ".")
-
-
-def _selection(start: dict) -> str:
-    """Which training questions chose the QA start: a sample of the tuning split's, whose articles fine-tuning
-    never sees (a run before the split: the first of the file)."""
-    if "articles" not in start:
-        return f"the first {start['questions']} training questions, which fine-tuning holds out"
-    of = f"of {start['articles']} articles " if start["articles"] else "(the file names no articles) "
-    return f"{start['questions']} training questions {of}held out of fine-tuning (the tuning split)"
-
-
-def _query_tower_label(r: dict) -> str:
-    """The query tower the fine-tuned system kept (work.py: keep_query_tower)."""
-    kept = r.get("qa", {}).get("query_tower", {}).get("kept", "fine-tuned")
-    return "fine-tuned query tower" if kept == "fine-tuned" else "query tower kept from the start"
-
-
-def _qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
-    ev = r["eval"]
-    chosen = r["qa_start"]["retriever"] if "qa_start" in r else "REALM"
-    doc.heading("Retrieval recall on the dev questions")
-    questions = _questions(ev)
-    evaluated = (
-        f"the {questions['dev']:,} dev questions"
-        if questions["evaluated"] >= questions["dev"]
-        else f"the dev questions (zero-shot rows: all {questions['dev']:,}; the rest: the {questions['evaluated']:,} "
-        "the evaluation answered)"
-    )
-    doc.paragraph(
-        f"Percent of {evaluated} with an answer-bearing block in the top k. The dev questions choose nothing: "
-        "fine-tuning keeps its best checkpoint, and the run its retrievers, by training questions of articles "
-        "held out of fine-tuning (the tuning split)."
-    )
-    ks = ["recall@1", "recall@5", "recall@20"]
-    rows = [["BM25", *(ev["bm25"].get(k) for k in ks)]]
-    rows += [
-        [f"{key.split('/', 1)[1]} (zero-shot)", *(values.get(k) for k in ks)]
-        for key, values in ev.items()
-        if key.startswith("zero_shot/")
-    ]
-    tower = _query_tower_label(r)
-    rows += [[f"{chosen}, {tower}", *(ev["dense"].get(k) for k in ks)]]
-    rows += [[f"hybrid ({tower} + w · BM25)", *(ev["hybrid"].get(k) for k in ks)]]
-    doc.table(["retriever", *ks], rows)
-    doc.heading("Open-QA exact match")
-    doc.paragraph(
-        f"Fine-tuned with {plan.preset.qa.retriever} retrieval. {_evaluated(ev)} Exact match with its 95% bootstrap "
-        "interval over the questions, and where the errors are: the answer not in the reader's blocks, in them but "
-        "the prediction shares no word with it, or shares a word but is not exact (percent of all questions)."
-    )
-    systems = {label.format(retriever=chosen, tower=tower): ev[kind] for kind, label in SYSTEM_LABELS.items()}
-    if "qa_ict" in r:
-        start = start_retriever(bool(plan.preset.ict.steps))
-        systems[f"{start} + warm-start reader, fine-tuned (ORQA-style)"] = r["qa_ict"]["dense"]
-    rows = []
-    for label, result in systems.items():
-        low, high = result.get("exact_match_95ci", (None, None))
-        outcomes = result.get("outcomes", {})
-        rows.append(
-            [
-                label,
-                result["exact_match"],
-                f"[{low:.1f}, {high:.1f}]" if low is not None else None,
-                result["recall@5"],
-                *(outcomes.get(o) for o in ("not_retrieved", "retrieved_not_read", "read_not_exact")),
-            ]
-        )
-    doc.table(
-        [
-            "system",
-            "exact match",
-            "95% interval",
-            "recall@5",
-            "not retrieved",
-            "retrieved, not read",
-            "read, not exact",
-        ],
-        rows,
-    )
-    doc.paragraph("Paired differences in exact match (the same questions; an interval excluding 0 is a real one):")
-    doc.table(
-        ["comparison", "difference", "95% interval"],
-        [
-            [name, d["difference"], "[{:+.1f}, {:+.1f}]".format(*d["difference_95ci"])]
-            for name, d in ev.get("paired", {}).items()
-        ],
-    )
-
-
-def _questions(ev: dict) -> dict:
-    """The evaluation's dev questions: how many it answered, of how many (a run before the plan sampled: all)."""
-    return ev.get("questions", {"evaluated": ev["dense"]["questions"], "dev": ev["dense"]["questions"]})
-
-
-def _evaluated(ev: dict) -> str:
-    """Which dev questions the systems answered: all, or the plan's seeded sample, with the interval it implies."""
-    questions = _questions(ev)
-    low, high = ev["hybrid"]["exact_match_95ci"]
-    if questions["evaluated"] >= questions["dev"]:
-        return f"All {questions['dev']:,} dev questions answered."
-    return (
-        f"EM over {questions['evaluated']:,} of {questions['dev']:,} dev questions (a sample drawn with seed "
-        f"{questions['seed']}, {_sized_by(questions)}), "
-        f"±{(high - low) / 2:.1f} points (the hybrid's 95% interval)."
-    )
-
-
-def _sized_by(questions: dict) -> str:
-    """What sized a dev sample: the clock (the questions answered in a seeded order until the stage's end), or the
-    plan (a run without a budget, or one recorded before the evaluation watched the clock)."""
-    if "until" in questions:
-        return "answered in its seeded order until the evaluation's allotment ended"
-    return "sized by the plan to what the budget left after training"
-
-
 def _scored_sample(examples: dict) -> str:
     """Whether the held-out sentences scored are all of them or the plan's seeded sample."""
     held_out = examples["held_out_sentences"]
@@ -564,10 +389,10 @@ def write_report(
     _stages(doc, records, plan, run_dir)
     _curves(doc, run_dir, records)
     if "qa_start" in r:
-        _qa_start(doc, r)
-        _reader_training(doc, records)
+        qa_start_section(doc, r)
+        reader_training_section(doc, records)
     if "eval" in r:
-        _qa_tables(doc, r, plan)
+        qa_tables(doc, r, plan)
     if has_ablations:
         ablation_table(doc, compared)
         ablation_curves(doc, run_dir, records)
@@ -584,10 +409,10 @@ def write_report(
     _configuration(results, r, plan, code)
     _stages(results, records, plan, run_dir)
     if "qa_start" in r:
-        _qa_start(results, r)
-        _reader_training(results, records)
+        qa_start_section(results, r)
+        reader_training_section(results, records)
     if "eval" in r:
-        _qa_tables(results, r, plan)
+        qa_tables(results, r, plan)
     if has_ablations:
         ablation_table(results, compared)
 

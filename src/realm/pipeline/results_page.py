@@ -19,8 +19,10 @@ from realm.common.provenance import describe_commit
 from realm.pipeline.document import ReportDocument
 from realm.pipeline.stages import STAGES
 
+SEEDS_SUMMARY = "seeds.json"  # pipeline/seeds.py writes it beside the seeds' runs
 RECORDS = ("plan.json", "results.md")  # with stages/*.json: all a row reads, and the run's own numbers page
-PER_RUN_OPTIONS = {"--run-dir", "--quiet"}  # options that name where a run went, not what it computed
+# options that name where a run went, not what it computed, and the seeds of a recipe's replicates (with their values)
+PER_RUN_OPTIONS = {"--run-dir": True, "--quiet": False, "--seed": True, "--seeds": True}
 
 
 def load_records(run_dir: Path) -> tuple[dict, dict[str, dict]]:
@@ -33,14 +35,15 @@ def load_records(run_dir: Path) -> tuple[dict, dict[str, dict]]:
 
 
 def command_of(plan: dict) -> str:
-    """The command with the options that only say where the run went left out: runs of one command share a table."""
+    """The command with the options that only say where the run went (and which seed it was) left out: runs of one
+    command share a table, and a seed's run is a replicate of its recipe."""
     words, kept = shlex.split(plan["options"]["command"]), []
     skip = False
     for word in words:
         if skip:
             skip = False
         elif word in PER_RUN_OPTIONS:
-            skip = word == "--run-dir"
+            skip = PER_RUN_OPTIONS[word]
         else:
             kept.append(word)
     return shlex.join(kept)
@@ -118,17 +121,70 @@ def archive(run_dir: Path, target: Path) -> None:
     tmp.rename(target)
 
 
+def seed_runs(run_dir: Path) -> list[Path]:
+    """A `realm pipeline --seeds N` folder's runs (seed-0, seed-1, ...); [] for a run of one seed."""
+    if not (run_dir / SEEDS_SUMMARY).is_file():
+        return []
+    return sorted((d for d in run_dir.glob("seed-*") if (d / "plan.json").is_file()), key=lambda d: int(d.name[5:]))
+
+
+def _write_text(path: Path, text: str) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def archive_seeds(run_dir: Path, target: Path) -> list[Path]:
+    """Copy a seeds folder's summary and each seed's records to `target`; the copies of the seeds' runs."""
+    if run_dir.resolve() == target.resolve():
+        return seed_runs(target)
+    target.mkdir(parents=True, exist_ok=True)
+    for name in (SEEDS_SUMMARY, "seeds.md"):
+        source = run_dir / name
+        if source.is_file():
+            _write_text(target / name, source.read_text(encoding="utf-8").replace(str(run_dir.resolve()) + "/", ""))
+    copies = []
+    for seed in seed_runs(run_dir):
+        archive(seed, target / seed.name)
+        copies.append(target / seed.name)
+    return copies
+
+
+def seeds_rows(summary: dict) -> list[list[object]]:
+    """A seeds summary's figures: values by seed, mean, the mean's 95% t-interval, one more run's 95% interval."""
+    rows: list[list[object]] = []
+    for name, f in summary["figures"].items():
+        if f.get("budget") is not None:
+            continue  # the minutes: each seed's row says them
+        rows.append(
+            [
+                name,
+                ", ".join(f"{v:.2f}" for v in f["values"]),
+                f"{f['mean']:.2f}",
+                "[{:.2f}, {:.2f}]".format(*f["mean_95ci"]),
+                "[{:.2f}, {:.2f}]".format(*f["next_run_95ci"]),
+            ]
+        )
+    return rows
+
+
 def write_results_page(run_dirs: list[Path], out: Path) -> Path:
-    """Archive each run's records beside `out` and write the page: one table per command, a row per run."""
+    """Archive each run's records beside `out` and write the page: one table per command, a row per run (a seeds
+    folder: a row per seed, and its figures over the seeds)."""
     tables: dict[str, tuple[list[str], list[list[object]]]] = {}
+    over_seeds: list[tuple[str, Path, dict]] = []
     for run_dir in run_dirs:
         record = out.parent / "runs" / run_dir.name
-        archive(run_dir, record)
-        link = f"[{run_dir.name}]({record.relative_to(out.parent).as_posix()}/results.md)"
-        command, columns, row = run_row(record, link)
-        if command in tables and tables[command][0] != columns:
-            raise ValueError(f"{run_dir}: its stages differ from another run of `{command}`")
-        tables.setdefault(command, (columns, []))[1].append(row)
+        seeds = archive_seeds(run_dir, record) if seed_runs(run_dir) else []
+        if not seeds:
+            archive(run_dir, record)
+        for one in seeds or [record]:
+            name = one.relative_to(out.parent / "runs").as_posix()
+            link = f"[{name}]({one.relative_to(out.parent).as_posix()}/results.md)"
+            command, columns, row = run_row(one, link)
+            if command in tables and tables[command][0] != columns:
+                raise ValueError(f"{run_dir}: its stages differ from another run of `{command}`")
+            tables.setdefault(command, (columns, []))[1].append(row)
+        if seeds:
+            over_seeds.append((command, record, json.loads((record / SEEDS_SUMMARY).read_text())))
     regenerate = " ".join((out.parent / "runs" / d.name).as_posix() for d in run_dirs)
     doc = ReportDocument()
     doc.heading("What today's commands give", 1)
@@ -142,7 +198,23 @@ def write_results_page(run_dirs: list[Path], out: Path) -> Path:
     for command, (columns, rows) in tables.items():
         doc.heading(f"`{command}`")
         doc.table(columns, rows)
-    timed = [d.name for d in run_dirs if load_records(out.parent / "runs" / d.name)[0].get("stage_timings")]
+        for seeds_command, record, summary in over_seeds:
+            if seeds_command == command:
+                doc.paragraph(
+                    f"**Over seeds** ([{record.name}]({record.relative_to(out.parent).as_posix()}/seeds.md), "
+                    f"`{summary['command']}`: the rows {', '.join(summary['runs'])} above, each its own run with "
+                    "every trainer seeded with k): each figure per seed, their mean with its 95% t-interval "
+                    "(training's spread as well as the questions'), and where one more run should fall (95%; what "
+                    "`realm results --check` holds a rerun to)."
+                )
+                doc.table(
+                    ["figure", "per seed", "mean", "mean, 95% t-interval", "one more run, 95%"], seeds_rows(summary)
+                )
+    timed = [
+        d.name
+        for d in run_dirs
+        if not seed_runs(d) and load_records(out.parent / "runs" / d.name)[0].get("stage_timings")
+    ]
     if timed:
         doc.heading("Where each run's minutes went")
         doc.paragraph(

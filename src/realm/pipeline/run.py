@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from realm.common.io import write_json_atomic
 from realm.common.weights import MINILM
 from realm.config import Preset
 from realm.data.qa_examples import QAExample, load_qa
@@ -33,28 +32,22 @@ from realm.models.retriever import Retriever
 from realm.pipeline import work as stage_work
 from realm.pipeline.ablations import ablation_variants
 from realm.pipeline.calibrate import calibrate, calibration_settings
-from realm.pipeline.plan import (
+from realm.pipeline.estimate import (
     MIN_EVAL_QUESTIONS,
     MIN_SCORED_SENTENCES,
     SCORED_SENTENCES,
-    PipelineOptions,
-    PipelinePlan,
-    StageEstimate,
-    StageTiming,
     Workload,
-    estimate,
-    plan_run,
-    scale_preset,
-    time_stage,
     trained_preset,
 )
+from realm.pipeline.pace import RunClock, StageTiming
+from realm.pipeline.plan import PipelineOptions, PipelinePlan, plan_run
 from realm.pipeline.report import write_report
-from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metrics, stepping_seconds
+from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metrics
 from realm.recipes.finetune_qa import qa_settings
 from realm.recipes.ict import ict_settings, train_ict
 from realm.recipes.pretrain import SENTENCE_USAGE, pretrain_settings, train_pretrain
 from realm.recipes.reading import reading_settings, reading_summary, train_reading
-from realm.training import Deadline, read_steps
+from realm.training.schedule import TimedSteps, read_steps
 
 log = logging.getLogger(__name__)
 PLANNED_AFTER = ("corpus", "warm_start", "baseline_index", "calibration")  # their seconds count against the budget
@@ -126,7 +119,7 @@ class Pipeline:
             "warm_start", {"model": self.options.warm_start, "retriever": dataclasses.asdict(preset.retriever)}, work
         )
 
-    def ict(self, preset: Preset, deadline: Deadline | None, warm: StageRecord, corpus: StageRecord) -> StageRecord:
+    def ict(self, preset: Preset, timed: TimedSteps | None, warm: StageRecord, corpus: StageRecord) -> StageRecord:
 
         def work(folder: Path, resume: bool) -> dict:
             train_ict(
@@ -136,7 +129,7 @@ class Pipeline:
                 preset,
                 resume=resume,
                 progress=self.options.progress,
-                deadline=deadline,
+                timed=timed,
             )
             return last_metrics(folder) | {"steps_trained": read_steps(folder)}
 
@@ -154,10 +147,10 @@ class Pipeline:
         return self.stages.run(name, settings | {"index": dataclasses.asdict(preset.index)}, work)
 
     def pretrain(
-        self, name: str, preset: Preset, start: StageRecord, warm: StageRecord, deadline: Deadline | None = None
+        self, name: str, preset: Preset, start: StageRecord, warm: StageRecord, timed: TimedSteps | None = None
     ) -> StageRecord:
         """REALM pretraining from `start`'s retriever (ICT's, or the warm start's), whose index it builds first;
-        its steps end by `deadline` (None: the preset's)."""
+        its steps end by `timed` (None: the preset's)."""
 
         def work(folder: Path, resume: bool) -> dict:
             train_pretrain(
@@ -169,7 +162,7 @@ class Pipeline:
                 resume=resume,
                 progress=self.options.progress,
                 reuse_indexes=stage_work.run_indexes(self.run_dir),
-                deadline=deadline,
+                timed=timed,
             )
             sentences = json.loads((folder / SENTENCE_USAGE).read_text())
             index = {"index_version": MipsIndex(folder / "index").version}
@@ -187,9 +180,9 @@ class Pipeline:
         after: list[StageRecord],
         reader: Path | None = None,
         evaluate: bool = False,
-        deadline: Deadline | None = None,
+        timed: TimedSteps | None = None,
     ) -> StageRecord:
-        """Open-QA fine-tuning over a frozen index, its steps ending by `deadline` (None: the preset's), and for the
+        """Open-QA fine-tuning over a frozen index, its steps ending by `timed` (None: the preset's), and for the
         ablations dense evaluation on the dev sample."""
 
         evaluated = self.dev_sample() if evaluate else None
@@ -206,7 +199,7 @@ class Pipeline:
                 resume,
                 self.options.progress,
                 evaluated,
-                deadline,
+                timed,
             )
 
         settings = qa_settings(preset) | {
@@ -221,7 +214,7 @@ class Pipeline:
     def read(
         self,
         preset: Preset,
-        deadline: Deadline | None,
+        timed: TimedSteps | None,
         model_folder: Path,
         index_folder: Path,
         reader: Path,
@@ -240,7 +233,7 @@ class Pipeline:
                 resume=resume,
                 progress=self.options.progress,
                 reader_spec=str(reader),
-                deadline=deadline,
+                timed=timed,
             )
             return last_metrics(folder) | reading_summary(folder) | {"steps_trained": read_steps(folder)}
 
@@ -287,7 +280,7 @@ class Pipeline:
         }
         timing = self.timed("eval")  # with a budget: all of dev offered, in the seeded order, until the stage's end
         evaluated = self.dev_sample() if timing is None else stage_work.dev_order(self.qa_dev)
-        until = None if timing is None else timing.ends_at
+        deadline = None if timing is None else timing.deadline
 
         def work(folder: Path, resume: bool) -> dict:
             best, corpus = self.stages.output(qa, "best"), self.stages.output("corpus")
@@ -300,7 +293,7 @@ class Pipeline:
                 evaluated,
                 preset,
                 folder,
-                until,
+                deadline,
                 MIN_EVAL_QUESTIONS,
             )
             named = str(self.options.qa_dev)
@@ -310,7 +303,7 @@ class Pipeline:
             "after": [qa.fingerprint, *(s.fingerprint for s, _ in zero_shot.values())],
             "systems": stage_work.SYSTEMS,
             "questions": len(evaluated),
-            "until": until,
+            "until": deadline.at if deadline is not None else None,
         }
         return self.stages.run("eval", settings, work)
 
@@ -320,13 +313,13 @@ class Pipeline:
         assert self.plan is not None
         timing = self.timed("examples")  # with a budget: up to SCORED_SENTENCES, until the stage's end
         sentences = self.plan.work.scored_sentences if timing is None else SCORED_SENTENCES
-        until = None if timing is None else timing.ends_at
+        deadline = None if timing is None else timing.deadline
 
         def work(folder: Path, resume: bool) -> dict:
             corpus, realm_run = self.stages.output("corpus"), self.stages.output(realm)
-            return stage_work.pretraining_examples(corpus, realm_run, preset, sentences, until, MIN_SCORED_SENTENCES)
+            return stage_work.pretraining_examples(corpus, realm_run, preset, sentences, deadline, MIN_SCORED_SENTENCES)
 
-        scoring = stage_work.SCORING | {"sentences": sentences, "until": until}
+        scoring = stage_work.SCORING | {"sentences": sentences, "until": deadline.at if deadline else None}
         return self.stages.run(
             "examples", {"after": [realm.fingerprint], "pool": stage_work.EXAMPLE_POOL, "scoring": scoring}, work
         )
@@ -411,52 +404,20 @@ class Pipeline:
             work = dataclasses.replace(work, held_out_sentences=round(share * work.blocks))
         return plan_run(self.options, self.base_preset, work, calibration, sum(spent), self.began)
 
-    def timed(self, stage: str) -> StageTiming | None:
-        """How `stage`, about to begin, is sized to what is left of the budget (pipeline/plan.py: time_stage),
-        kept in plan.json so a resumed stage keeps its deadline and steps; None without a budget."""
-        assert self.plan is not None
-        if self.plan.budget_minutes is None:
-            return None
-        path = self.run_dir / "plan.json"
-        stored = json.loads(path.read_text())
-        if stage in stored.setdefault("stage_timings", {}):
-            return StageTiming.from_dict(stored["stage_timings"][stage])
-        took = {name: r.seconds for name, r in self.stages.records.items()}
-        trained = {s.name for s in self.plan.stages if s.steps} & took.keys()
-        stepping = {name: seconds for name in trained if (seconds := stepping_seconds(self.run_dir / name))}
-        timings = stored["stage_timings"]
-        ran = {name: e for name in trained if (e := self.trained_estimate(name, timings.get(name))) is not None}
-        timing = time_stage(self.plan, self.costed, stage, took, ran, stepping, time.time())
-        stored["stage_timings"][stage] = timing.to_dict()
-        write_json_atomic(path, stored)
-        late = " (the run is behind: its least)" if timing.allotted <= 0 else ""
-        self.echo(f"[pipeline] {stage}: {timing.describe()}{late}")
-        return timing
-
     @property
-    def costed(self) -> Preset:
-        """The preset unscaled, with the costs the plan was sized with."""
+    def clock(self) -> RunClock:
+        """The run's clock after its plan (pipeline/pace.py): each stage's deadline as it begins."""
         assert self.plan is not None
-        return dataclasses.replace(self.base_preset, costs=self.plan.preset.costs)
+        return RunClock(self.plan, self.base_preset, self.run_dir, self.stages.records, self.echo)
 
-    def trained_estimate(self, stage: str, timing: dict | None) -> StageEstimate | None:
-        """A finished training stage's estimate at the steps it trained (its steps.json), for the run's pace
-        (`timing`: the stage's, from plan.json)."""
-        steps = read_steps(self.run_dir / stage)
-        if steps is None or timing is None or timing.get("scale") is None:
-            return None
-        assert self.plan is not None
-        sized = scale_preset(self.costed, timing["scale"], self.plan.work.qa_train)
-        ran = trained_preset(sized, stage, steps["trained"])
-        return next((e for e in estimate(ran, self.plan.work) if e.name == stage), None)
+    def timed(self, stage: str) -> StageTiming | None:
+        """How `stage`, about to begin, is sized to what is left of the budget (None without a budget)."""
+        return self.clock.timing(stage)
 
-    def sized(self, stage: str) -> tuple[Preset, Deadline | None]:
-        """The preset a training stage begins with, and the deadline its steps end by (None: fixed steps)."""
-        assert self.plan is not None
-        timing = self.timed(stage)
-        if timing is None or timing.scale is None or timing.deadline is None:
-            return self.plan.preset, None
-        return scale_preset(self.costed, timing.scale, self.plan.work.qa_train), Deadline(**timing.deadline)
+    def sized(self, stage: str) -> tuple[Preset, TimedSteps | None]:
+        """The preset a training stage begins with, and the deadline its steps end by with what sizes them (None:
+        fixed steps)."""
+        return self.clock.sized(stage)
 
     def trained(self, stage: str, preset: Preset) -> Preset:
         """`preset` with the steps `stage` trained (its steps.json), for a run compared with it."""
@@ -482,8 +443,8 @@ class Pipeline:
         preset = self.plan.preset
         self.echo(f"[pipeline] plan: {self.plan.describe()}")
         start = self.ict(*self.sized("ict"), warm, corpus) if preset.ict.steps else warm
-        realm_preset, realm_deadline = self.sized("realm")
-        realm = self.pretrain("realm", realm_preset, start, warm, realm_deadline)
+        realm_preset, realm_timed = self.sized("realm")
+        realm = self.pretrain("realm", realm_preset, start, warm, realm_timed)
         if warm_index is not None:
             start_index = warm_index
             retrievers = {"off-the-shelf": (warm_index, self.stages.output("warm_start", "retriever"))}
@@ -502,9 +463,9 @@ class Pipeline:
             if preset.reading.total_steps(len(self.qa_train)) and not self.options.ablations:
                 read = self.read(*self.sized("read"), retriever_folder.parent, index_folder, reader, chosen)
                 reader, after = self.stages.output(read, "reader"), [chosen, read]
-            qa_preset, qa_deadline = self.sized("qa")
+            qa_preset, qa_timed = self.sized("qa")
             qa = self.finetune(
-                "qa", retriever_folder.parent, index_folder, qa_preset, after, reader=reader, deadline=qa_deadline
+                "qa", retriever_folder.parent, index_folder, qa_preset, after, reader=reader, timed=qa_timed
             )
             self.evaluate(preset, qa, retrievers, index_folder)
         self.examples(preset, realm)

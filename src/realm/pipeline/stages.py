@@ -20,7 +20,7 @@ from pathlib import Path
 from realm.common.io import write_json_atomic
 from realm.config import RUN_CONFIG, record_run_config
 from realm.data.sources import BUILTIN_CORPORA
-from realm.training import read_metrics
+from realm.training.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 

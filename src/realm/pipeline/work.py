@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from realm.common.deadline import Deadline, TimeLimit
 from realm.common.device import default_device
 from realm.common.io import write_dir_atomic, write_json_atomic
 from realm.common.tokenization import load_tokenizer, resolve_tokenizer_dir
@@ -34,7 +35,6 @@ from realm.eval.qa import (
     write_predictions,
 )
 from realm.eval.retrieval import answer_in_corpus, first_answer_ranks, paired_recall, recall_from_ranks
-from realm.eval.time_limit import TimeLimit
 from realm.index.build import build_from_retriever
 from realm.index.mips import MipsIndex
 from realm.index.search import open_searcher, search_all
@@ -44,7 +44,7 @@ from realm.models.retriever import Retriever
 from realm.pipeline.stages import last_metrics
 from realm.recipes.finetune_qa import ANSWER_INDEX_MAX_BLOCKS, train_qa
 from realm.recipes.model_card import write_model_card
-from realm.training import Deadline, read_steps
+from realm.training.schedule import TimedSteps, read_steps
 
 RECALL_KS = (1, 5, 20)
 EXAMPLE_POOL = 100  # held-out sentences searched for the worked examples
@@ -117,7 +117,7 @@ def finetune(
     resume: bool,
     progress: bool,
     evaluated: Sequence[QAExample] | None,
-    deadline: Deadline | None = None,
+    timed: TimedSteps | None = None,
 ) -> dict:
     """Fine-tune on `train`, keeping the checkpoint with the best EM on the `held_out` training questions (after
     each epoch) and the better query tower on them (keep_query_tower); score the best model on `evaluated` (the
@@ -133,7 +133,7 @@ def finetune(
         resume=resume,
         progress=progress,
         reader_spec=str(reader) if reader else None,
-        deadline=deadline,
+        timed=timed,
     )
     result = {"held_out": json.loads((best / "dev.json").read_text()), "train": last_metrics(folder)}
     result["steps_trained"] = read_steps(folder)
@@ -265,12 +265,12 @@ def evaluate_systems(
     evaluated: Sequence[QAExample],
     preset: Preset,
     folder: Path,
-    until: float | None = None,
+    deadline: Deadline | None = None,
     least: int = 0,
 ) -> dict:
     """EM, recall@k and outcomes of the fine-tuned model `best` with each retriever (dense over `index_folder`,
-    BM25, hybrid) on the dev questions `evaluated` (`dev`'s own examples), answered in their order until `until`
-    (time.time(); None: all of them; at least `least` whatever the clock), the paired EM differences between them;
+    BM25, hybrid) on the dev questions `evaluated` (`dev`'s own examples), answered in their order until `deadline`
+    (None: all of them; at least `least` whatever the clock), the paired EM differences between them;
     recall@k of each zero-shot retriever (label -> (its index folder, the retriever folder)) on all of `dev`,
     REALM's paired against its start's, and the share of `dev` whose answer the `corpus` holds. What does not
     depend on the sample comes first, so that the clock sizes the sample last."""
@@ -282,7 +282,7 @@ def evaluate_systems(
     write_json_atomic(folder / "zero_shot_ranks.json", ranks)  # per dev question, in file order
     coverage = answer_coverage(corpus, dev)
     answerers = load_answerers(str(best), index_folder, preset, SYSTEMS)
-    limit = TimeLimit(until, least) if until is not None else None  # its pace timed from here
+    limit = deadline.limit(least) if deadline is not None else None  # its pace timed from here
     answered, seconds = answer_until(answerers, evaluated, limit)
     result: dict = {
         "questions": {"evaluated": len(answered["dense"]), "dev": len(dev), "seed": DEV_SAMPLE_SEED}
@@ -293,6 +293,7 @@ def evaluate_systems(
         answered[kind].sort(key=lambda a: position[id(a.example)])
         write_predictions(folder / f"predictions_{kind}.jsonl", answered[kind])
         result[kind] = summarise(answered[kind], RECALL_KS, answerers[kind].k, "orqa", seconds[kind])
+    result["outcomes"] = compact_outcomes(answered, position)
     result["paired"] = {
         f"{a} - {b}": compare_predictions(folder / f"predictions_{a}.jsonl", folder / f"predictions_{b}.jsonl")
         for a, b in (("dense", "bm25"), ("hybrid", "bm25"), ("hybrid", "dense"))
@@ -303,6 +304,17 @@ def evaluate_systems(
     result["answer_coverage"] = coverage
     write_model_card(best, best.parent, qa_figures(result))
     return result
+
+
+def compact_outcomes(answered: dict[str, list[AnsweredQuestion]], position: dict[int, int]) -> dict:
+    """Which dev questions were answered (their rows in the dev file) and, per system, whether each was an exact
+    match ("1") or not ("0"), in the same order: what `realm results --check` pairs two runs on."""
+    first = next(iter(answered.values()))
+    outcomes: dict = {"rows": [position[id(a.example)] for a in first]}
+    for kind, rows in answered.items():
+        assert [position[id(a.example)] for a in rows] == outcomes["rows"]  # every system the same questions
+        outcomes[kind] = "".join("1" if a.outcome == "exact_match" else "0" for a in rows)
+    return outcomes
 
 
 def answer_until(
@@ -354,11 +366,11 @@ def held_out_scoring(corpus: Path, realm_run: Path, preset: Preset) -> tuple:
 
 
 def pretraining_examples(
-    corpus: Path, realm_run: Path, preset: Preset, sentences: int, until: float | None = None, least: int = 0
+    corpus: Path, realm_run: Path, preset: Preset, sentences: int, deadline: Deadline | None = None, least: int = 0
 ) -> dict:
     """Worked examples and masked-span accuracy of a `train pretrain` output on held-out sentences of `corpus`:
-    at most `sentences` of them, in an order drawn with SCORING's seed, until `until` (time.time(); None: all
-    `sentences`; at least `least` whatever the clock)."""
+    at most `sentences` of them, in an order drawn with SCORING's seed, until `deadline` (None: all `sentences`;
+    at least `least` whatever the clock)."""
 
     model, held_out, store, index, finder = held_out_scoring(corpus, realm_run, preset)
     if not len(held_out):
@@ -368,7 +380,7 @@ def pretraining_examples(
         )
     k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
     examples = worked_examples(model, held_out, store, index, k, tokens, masks, pool=EXAMPLE_POOL, finder=finder)
-    limit = TimeLimit(until, least) if until is not None else None  # its pace timed from here
+    limit = deadline.limit(least) if deadline is not None else None  # its pace timed from here
     scored = masked_span_accuracy(  # the null document alone is candidate 0 of the same pass
         model,
         held_out.shuffled(SCORING["sample_seed"]),
@@ -382,7 +394,7 @@ def pretraining_examples(
         every_span=SCORING["every_span"],
         until=limit,
     )
-    scored.pop("per_sentence_gain")  # the record keeps the summary
+    scored["per_sentence_gain"] = [round(g, 4) for g in scored["per_sentence_gain"]]  # for a rerun to pair with
     write_model_card(realm_run, realm_run, pretraining_figures(scored, k))
     return {
         "held_out_sentences": len(held_out),  # with a maskable salient span

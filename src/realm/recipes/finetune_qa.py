@@ -42,24 +42,18 @@ from realm.models.orqa import QABatch, QAModel
 from realm.models.retriever import encode_queries
 from realm.models.span_reader import matching_spans
 from realm.recipes.model_card import write_model_card
-from realm.training import (
-    DataOrder,
-    DataPosition,
-    Deadline,
-    Dist,
+from realm.training.checkpoints import resume_training, save_checkpoint
+from realm.training.data import DataOrder, DataPosition, Prefetched, prefetch_depth
+from realm.training.distributed import Dist, setup_distributed
+from realm.training.metrics import MetricsLog
+from realm.training.optim import bert_optimizer, optimizer_step
+from realm.training.schedule import (
     LinearSchedule,
-    MetricsLog,
-    Prefetched,
     ScheduledLR,
     TimedSchedule,
-    bert_optimizer,
+    TimedSteps,
     linear_schedule,
-    optimizer_step,
-    prefetch_depth,
     record_steps,
-    resume_training,
-    save_checkpoint,
-    setup_distributed,
 )
 
 log = logging.getLogger(__name__)
@@ -231,11 +225,11 @@ def train_qa(
     progress: bool = True,
     reader_spec: str | None = None,
     allow_config_change: bool = False,
-    deadline: Deadline | None = None,
+    timed: TimedSteps | None = None,
 ) -> Path:
     """Fine-tune; returns out/best, the model with the best dev exact match. `reader_spec` overrides the
-    reader warm start of `model_spec` (the ORQA-style baseline: an ICT retriever with a BERT reader). `deadline`:
-    when the steps end (sized to it: training.py, TimedSchedule); None: the preset's steps. What it trained is
+    reader warm start of `model_spec` (the ORQA-style baseline: an ICT retriever with a BERT reader). `timed`:
+    the deadline the steps end by and what sizes them (training/schedule.py: TimedSteps); None: the preset's steps. What it trained is
     recorded in steps.json."""
     cfg = preset.qa
     d = setup_distributed()
@@ -259,8 +253,8 @@ def train_qa(
     best_em = state.get("best_em", -1.0)
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
     dev_part = list(dev)[: cfg.dev_limit]
-    schedule = scheduler.schedule  # its length, as a deadline settles it (training.py: TimedSchedule)
-    timer = TimedSchedule(deadline, schedule, warmup_of=cfg.warmup_steps, recurs={"checkpoint": cfg.checkpoint_every})
+    schedule = scheduler.schedule  # its length, as a deadline settles it (training/schedule.py: TimedSchedule)
+    timer = TimedSchedule(timed, schedule, warmup_of=cfg.warmup_steps, recurs={"checkpoint": cfg.checkpoint_every})
     metrics_log = MetricsLog(out, total, step, d, "QA", progress)
     batches = _prefetched(train, position, cfg, model, store, d, device)
     with batches, metrics_log:
@@ -292,15 +286,15 @@ def train_qa(
                     )
     if d.main:
         log.info("best dev exact match %.2f: %s", best_em, json.loads((out / BEST / "dev.json").read_text()))
-        _record_trained(out, cfg, total, schedule, deadline)
+        _record_trained(out, cfg, total, schedule, timed)
     return out / BEST
 
 
-def _record_trained(out: Path, cfg: QAConfig, total: int, schedule: LinearSchedule, deadline: Deadline | None) -> None:
+def _record_trained(out: Path, cfg: QAConfig, total: int, schedule: LinearSchedule, timed: TimedSteps | None) -> None:
     """steps.json: the steps and warm-up planned and trained (the deadline may end them)."""
     planned = {"steps": total, "lr_warmup": cfg.warmup_steps(total), "decay_from": cfg.decay_from}
     lengths = {"steps": schedule.total, "lr_warmup": schedule.warmup, "decay_from": schedule.decay_from}
-    record_steps(out, planned, lengths, deadline)
+    record_steps(out, planned, lengths, timed)
 
 
 def qa_model_over(

@@ -27,24 +27,12 @@ from realm.models.ict import ICTModel
 from realm.models.inputs import encode_blocks, pad_batch
 from realm.models.retriever import Retriever
 from realm.recipes.model_card import write_model_card
-from realm.training import (
-    DataOrder,
-    DataPosition,
-    Deadline,
-    Dist,
-    MetricsLog,
-    Prefetched,
-    TimedSchedule,
-    bert_optimizer,
-    example_rng,
-    linear_schedule,
-    optimizer_step,
-    prefetch_depth,
-    record_steps,
-    resume_training,
-    save_checkpoint,
-    setup_distributed,
-)
+from realm.training.checkpoints import resume_training, save_checkpoint
+from realm.training.data import DataOrder, DataPosition, Prefetched, example_rng, prefetch_depth
+from realm.training.distributed import Dist, setup_distributed
+from realm.training.metrics import MetricsLog
+from realm.training.optim import bert_optimizer, optimizer_step
+from realm.training.schedule import TimedSchedule, TimedSteps, linear_schedule, record_steps
 
 Batch = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
 
@@ -131,11 +119,11 @@ def train_ict(
     progress: bool = True,
     steps: int | None = None,
     allow_config_change: bool = False,
-    deadline: Deadline | None = None,
+    timed: TimedSteps | None = None,
 ) -> Path:
     """Train both towers with ICT; writes config.json, checkpoints and the final retriever to out/retriever.
-    `deadline`: when the steps end (sized to it: training.py, TimedSchedule); None: `steps`. What it trained is
-    recorded in steps.json."""
+    `timed`: the deadline the steps end by and what sizes them (training/schedule.py: TimedSteps); None: `steps`.
+    What it trained is recorded in steps.json."""
     cfg = preset.ict
     steps = steps or cfg.steps
     d = setup_distributed()
@@ -159,8 +147,8 @@ def train_ict(
         record_run_config(out, run | ict_settings(preset, steps), resume, allow_config_change)
     step, position, _ = resume_training(out, resume, model, optimizer, scheduler, d, "ICT")
     trained = DistributedDataParallel(model) if d.world_size > 1 else model
-    schedule = scheduler.schedule  # its length, as a deadline settles it (training.py: TimedSchedule)
-    timer = TimedSchedule(deadline, schedule, recurs={"checkpoint": cfg.checkpoint_every})
+    schedule = scheduler.schedule  # its length, as a deadline settles it (training/schedule.py: TimedSchedule)
+    timer = TimedSchedule(timed, schedule, recurs={"checkpoint": cfg.checkpoint_every})
     metrics_log = MetricsLog(out, steps, step, d, "ICT", progress)
     blocks = ict_batches(titles, bodies, usable, store.config, position, preset, retriever.tokenizer, d)
     batches = Prefetched(blocks, prefetch_depth(device))
@@ -189,7 +177,7 @@ def train_ict(
                     save_checkpoint(out, step, model, optimizer, scheduler, position, d, final=last)
     if d.main:
         planned = {"steps": steps, "decay_from": cfg.decay_from}
-        record_steps(out, planned, {"steps": schedule.total, "decay_from": schedule.decay_from}, deadline)
+        record_steps(out, planned, {"steps": schedule.total, "decay_from": schedule.decay_from}, timed)
         retriever.save(out / "retriever")
         write_model_card(out / "retriever", out)
     return out / "retriever"

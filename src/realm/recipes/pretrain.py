@@ -40,27 +40,18 @@ from realm.models.realm import RealmBatch, RealmModel, estimate_mask_center, mak
 from realm.models.retriever import Retriever
 from realm.recipes.model_card import write_model_card
 from realm.recipes.warmup import WarmupReading, warmup_reading
-from realm.training import (
-    DataOrder,
-    DataPosition,
-    Deadline,
-    Dist,
+from realm.training.checkpoints import resume_training, save_checkpoint
+from realm.training.data import DataOrder, DataPosition, Prefetched, example_rng, prefetch_depth
+from realm.training.distributed import Dist, barrier, broadcast, setup_distributed
+from realm.training.metrics import MetricsLog
+from realm.training.optim import bert_optimizer, optimizer_step
+from realm.training.schedule import (
     LinearSchedule,
-    MetricsLog,
-    Prefetched,
     ScheduledLR,
     TimedSchedule,
-    barrier,
-    bert_optimizer,
-    broadcast,
-    example_rng,
+    TimedSteps,
     linear_schedule,
-    optimizer_step,
-    prefetch_depth,
     record_steps,
-    resume_training,
-    save_checkpoint,
-    setup_distributed,
 )
 
 log = logging.getLogger(__name__)
@@ -157,7 +148,7 @@ def global_token_mean(loss: torch.Tensor, tokens: torch.Tensor, d: Dist) -> torc
 
 @dataclass(frozen=True)
 class PretrainRun:
-    """The folder of a pretraining run: checkpoints and metrics (training.py), config.json, and these."""
+    """The folder of a pretraining run: checkpoints and metrics (training/), config.json, and these."""
 
     out: Path
 
@@ -210,11 +201,11 @@ def train_pretrain(
     progress: bool = True,
     allow_config_change: bool = False,
     reuse_indexes: Sequence[Path] = (),
-    deadline: Deadline | None = None,
+    timed: TimedSteps | None = None,
 ) -> Path:
     """REALM pretraining into `out`. `reuse_indexes`: index folders whose embeddings the first index may copy when
-    the same document tower built them over this corpus (index/build.py: build_index). `deadline`: when the steps
-    end (the reader warm-up by time, the retrieval steps sized to it: training.py, TimedSchedule); None: the
+    the same document tower built them over this corpus (index/build.py: build_index). `timed`: the deadline the steps end
+    by (the reader warm-up by time, the retrieval steps sized to it: training/schedule.py: TimedSteps); None: the
     preset's steps. What it trained is recorded in steps.json."""
     cfg, run = preset.pretrain, PretrainRun(Path(out))
     _check_steps(preset)
@@ -236,8 +227,8 @@ def train_pretrain(
 
     policy, builder, index, warmup = index_side(model, store, finder, run, preset, step, progress, reuse_indexes, d)
     trained = _distributed(model, cfg, d)
-    schedule = scheduler.schedule  # its phases, as a deadline settles them (training.py: TimedSchedule)
-    timer = _timer(deadline, schedule, cfg)
+    schedule = scheduler.schedule  # its phases, as a deadline settles them (training/schedule.py: TimedSchedule)
+    timer = _timer(timed, schedule, cfg)
     metrics_log = MetricsLog(run.out, schedule.total, step, d, "REALM", progress)
     block_doc_ids = np.array(store.column("doc_id"), dtype=object)
     batches = Prefetched(pretrain_queries(sentences, position, preset, retriever.tokenizer, d), prefetch_depth(device))
@@ -272,15 +263,15 @@ def train_pretrain(
         metrics_log.close()
         builder.stop(finished=step >= schedule.total)
     if d.main:
-        _save_trained(run, model, cfg, schedule, deadline)
+        _save_trained(run, model, cfg, schedule, timed)
     return run.out
 
 
-def _timer(deadline: Deadline | None, schedule: LinearSchedule, cfg: PretrainConfig) -> TimedSchedule:
+def _timer(timed: TimedSteps | None, schedule: LinearSchedule, cfg: PretrainConfig) -> TimedSchedule:
     """What ends the steps by the deadline: the reader warm-up by time, then the towers start (their rates' warm-up
     from that step); the steps re-sized once a checkpoint has been timed."""
     return TimedSchedule(
-        deadline,
+        timed,
         schedule,
         on_flat_end=lambda step: schedule.starts.update(_tower_starts(cfg, step)),
         recurs={"checkpoint": cfg.checkpoint_every},
@@ -288,12 +279,12 @@ def _timer(deadline: Deadline | None, schedule: LinearSchedule, cfg: PretrainCon
 
 
 def _save_trained(
-    run: PretrainRun, model: RealmModel, cfg: PretrainConfig, schedule: LinearSchedule, deadline: Deadline | None
+    run: PretrainRun, model: RealmModel, cfg: PretrainConfig, schedule: LinearSchedule, timed: TimedSteps | None
 ) -> None:
     """The trained model, and steps.json: the steps each phase planned and trained (the deadline may end them)."""
     planned = {"steps": cfg.steps, "null_warmup_steps": cfg.null_warmup_steps, "decay_from": cfg.decay_from}
     lengths = {"steps": schedule.total, "null_warmup_steps": schedule.flat_until, "decay_from": schedule.decay_from}
-    record_steps(run.out, planned, lengths, deadline)
+    record_steps(run.out, planned, lengths, timed)
     run.save(model)
 
 

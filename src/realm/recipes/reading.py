@@ -46,24 +46,12 @@ from realm.index.search import BM25Searcher, hybrid_top
 from realm.models.orqa import QAModel, joint_log_probs, marginal_answer_log_likelihood
 from realm.models.span_reader import BlockSpans, ReaderBatch, block_spans, matching_spans
 from realm.recipes.finetune_qa import ANSWER_INDEX_MAX_BLOCKS, qa_model_over
-from realm.training import (
-    DataOrder,
-    DataPosition,
-    Deadline,
-    Dist,
-    LinearSchedule,
-    MetricsLog,
-    Prefetched,
-    TimedSchedule,
-    bert_optimizer,
-    linear_schedule,
-    optimizer_step,
-    prefetch_depth,
-    record_steps,
-    resume_training,
-    save_checkpoint,
-    setup_distributed,
-)
+from realm.training.checkpoints import resume_training, save_checkpoint
+from realm.training.data import DataOrder, DataPosition, Prefetched, prefetch_depth
+from realm.training.distributed import Dist, setup_distributed
+from realm.training.metrics import MetricsLog
+from realm.training.optim import bert_optimizer, optimizer_step
+from realm.training.schedule import LinearSchedule, TimedSchedule, TimedSteps, linear_schedule, record_steps
 
 log = logging.getLogger(__name__)
 
@@ -324,11 +312,11 @@ def train_reading(
     resume: bool = False,
     progress: bool = True,
     reader_spec: str | None = None,
-    deadline: Deadline | None = None,
+    timed: TimedSteps | None = None,
 ) -> Path:
     """Train the span reader of `model_spec` (or `reader_spec`) on the blocks its retriever finds over `index_dir`;
-    returns out/reader, a reader `train_qa` starts from. `deadline`: when the steps end (training.py: TimedSchedule);
-    None: the preset's. Raises ValueError where no training question has an answer-bearing block."""
+    returns out/reader, a reader `train_qa` starts from. `timed`: the deadline the steps end by and what sizes
+    them (training/schedule.py: TimedSteps); None: the preset's. Raises ValueError where no training question has an answer-bearing block."""
     cfg = preset.reading
     d = setup_distributed()
     device = default_device()
@@ -350,7 +338,7 @@ def train_reading(
     step, position, _ = resume_training(out, resume, reader, optimizer, scheduler, d, "reading")
     trained = torch.nn.parallel.DistributedDataParallel(reader) if d.world_size > 1 else reader
     schedule = scheduler.schedule
-    timer = TimedSchedule(deadline, schedule, warmup_of=cfg.warmup_steps, recurs={"checkpoint": cfg.checkpoint_every})
+    timer = TimedSchedule(timed, schedule, warmup_of=cfg.warmup_steps, recurs={"checkpoint": cfg.checkpoint_every})
     metrics_log = MetricsLog(out, total, step, d, "reading", progress)
     max_tokens = store.config.max_block_tokens
     batches = Prefetched(_batches(examples, train, position, cfg, model, max_tokens, d), prefetch_depth(device))
@@ -387,7 +375,7 @@ def train_reading(
                 with timer.timing("checkpoint", cfg.checkpoint_every):
                     save_checkpoint(out, step, reader, optimizer, scheduler, position, d, final=last)
     if d.main:
-        _finish(out, cfg, total, scheduler.schedule, deadline, found, len(examples))
+        _finish(out, cfg, total, scheduler.schedule, timed, found, len(examples))
         model.reader.save(out / "reader")
     return out / "reader"
 
@@ -425,14 +413,14 @@ def _finish(
     cfg: ReadingConfig,
     total: int,
     schedule: LinearSchedule,
-    deadline: Deadline | None,
+    timed: TimedSteps | None,
     found: dict,
     questions: int,
 ) -> None:
     """steps.json (the steps planned and trained) and reading.json (what was found, read, and how many passes)."""
     planned = {"steps": total, "lr_warmup": cfg.warmup_steps(total), "decay_from": cfg.decay_from}
     lengths = {"steps": schedule.total, "lr_warmup": schedule.warmup, "decay_from": schedule.decay_from}
-    record_steps(out, planned, lengths, deadline)
+    record_steps(out, planned, lengths, timed)
     summary = {"found": found, "read_questions": questions, "negatives": cfg.negatives, "steps": schedule.total}
     write_json_atomic(out / SUMMARY, summary | {"passes": schedule.total * cfg.batch_size / questions})
 
