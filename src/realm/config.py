@@ -281,6 +281,14 @@ FP32_CPU_COSTS = StageCosts(
 )
 
 
+# `--ablations` runs four REALM pretrainings and five fine-tunings where the bare command runs one of each. Below
+# about 143 minutes (the plan's `reading_minutes` at the costs the a3b6601 record measured on a 2-core AVX-512 BF16
+# Xeon) the plan cuts every REALM run's reader warm-up short of the 1,000 steps after which retrieval helped
+# (pipeline/estimate.py: WARMUP_FINDING), and Table 2 would compare warm-ups (at 70 minutes: 397 warm-up steps of
+# 436). Its default budget where the preset has one; an fp32 machine's plan says the budget its warm-up needs.
+ABLATIONS_BUDGET_MINUTES = 150
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str

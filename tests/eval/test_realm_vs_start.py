@@ -11,6 +11,7 @@ from realm.config import get_preset
 from realm.data.qa_examples import QAExample
 from realm.eval.intervals import paired_difference
 from realm.eval.retrieval import answer_in_corpus, paired_recall
+from realm.pipeline.ablations import Ablation, AblationRow, PairedFigure
 from realm.pipeline.document import ReportDocument
 from realm.pipeline.headline import headline, realm_added
 
@@ -62,9 +63,11 @@ def _records() -> dict:
 
 def test_the_headline_says_what_realm_changed_with_intervals_and_the_papers_rows(tmp_path):
     plan = types.SimpleNamespace(work=types.SimpleNamespace(blocks=14000), preset=get_preset("cpu"))
-    retriever_row = ["retriever", "REALM vs start", 41.0, 39.0, 2.0, "[+0.5, +3.5]", 2.1, 38.2, 31.3]
+    compared = Ablation("retriever", "REALM's", "its start's", "eval", "qa_ict", (38.2, 35.3))
+    retriever_row = AblationRow(compared, PairedFigure(41.0, 39.0, 2.0, (0.5, 3.5), 1496))
     said = " ".join(realm_added(_records(), [retriever_row]))
-    assert "REALM pretraining changed dev EM by +2.00 [+0.5, +3.5] points" in said
+    assert "REALM's retriever changed dev EM by +2.00 [+0.50, +3.50] points" in said
+    assert "REALM's reader, with REALM's retriever (41.00) and with its start's (39.00)" in said
     assert "+0.50 [-0.40, +1.40] points (includes 0: no clear change" in said
     assert "+0.47 [+0.06, +0.88] points over 478 sentences (excludes 0)" in said
     unmeasured = " ".join(realm_added(_records(), []))

@@ -26,6 +26,7 @@ from realm.pipeline.estimate import (
 )
 from realm.pipeline.plan import PipelineOptions, plan_pipeline
 from realm.pipeline.run import Pipeline
+from realm.pipeline.stage_table import BEFORE_PLAN
 from realm.pipeline.stages import STAGES, Stages, describe_input
 from realm.pipeline.work import EXAMPLE_POOL
 
@@ -419,6 +420,10 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     said: list[str] = []
     report = Pipeline(tiny_run, TINY_PIPELINE, said.append).run()
     run = tiny_run.run_dir
+    # the runner ran the stages in the order of the table the planner estimated (pipeline/stage_table.py)
+    records = [json.loads(p.read_text()) for p in (run / STAGES).glob("*.json") if not p.stem.endswith(".started")]
+    ran = [r["name"] for r in sorted(records, key=lambda r: r["finished"]) if r["name"] not in BEFORE_PLAN]
+    assert ran == [s["name"] for s in json.loads((run / "plan.json").read_text())["stages"]]
     for stage in (
         "corpus",
         "warm_start",
@@ -441,6 +446,9 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
         "realm_frozen_index",
         "qa_frozen",
         "examples",
+        "measure_uniform",
+        "measure_trained",
+        "measure_frozen",
     ):
         assert (run / STAGES / f"{stage}.json").is_file(), stage
         config = json.loads((run / stage / "config.json").read_text())  # every stage saves the config it ran with
@@ -456,11 +464,25 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
         "## Retrieval recall",
         "## Open-QA exact match",
         "## Ablations",
+        "## Table 2 in miniature",
         "## Worked examples",
     ):
         assert section in text
     assert "In progress" not in text and "pending" not in text
     assert "Retrieval gain in masked-token accuracy, paired over the same masks" in text
+    # Table 2's columns before fine-tuning: each arm's recall on every dev question and its masked-LM gain on the
+    # sentences the main run scored, paired with what it is compared with
+    scored_main = json.loads((run / STAGES / "examples.json").read_text())["result"]["scored_sentences"]
+    for arm in ("uniform", "trained", "frozen"):
+        measured = json.loads((run / STAGES / f"measure_{arm}.json").read_text())["result"]
+        assert measured["scored_sentences"] == scored_main and "recall@5" in measured["zero_shot"], arm
+        ranks = json.loads((run / f"measure_{arm}" / "zero_shot_ranks.json").read_text())["REALM"]
+        assert len(ranks) == len(QUESTIONS), arm
+    table2 = text.split("## Table 2 in miniature")[1].split("##")[0]
+    masking = next(line for line in table2.splitlines() if line.startswith("| masking |"))
+    assert masking.count("[") == 2 and "| None |" not in masking  # both paired differences, with their intervals
+    retriever = next(line for line in table2.splitlines() if line.startswith("| retriever |"))
+    assert retriever.count("[") == 1  # recall against REALM's start; no masked-LM model of the start's own
     assert (run / "plots" / "realm.png").is_file() and "data:image/png;base64," in (run / "report.html").read_text()
     results = (run / "results.md").read_text()  # numbers only: what docs/results.md records
     assert "## Ablations" in results and "## Open-QA exact match" in results and "## Training curves" not in results
@@ -511,7 +533,7 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
     assert set(ranks) == {"off-the-shelf", "ICT", "REALM"} and all(len(r) == len(QUESTIONS) for r in ranks.values())
     assert 0 < evaluation["answer_coverage"]["percent"] <= 100
     headline = text.split("## ")[0]  # before the first section: the budget line, EM and what REALM added
-    assert "**Open-QA exact match**" in headline and "REALM pretraining changed dev EM by" in headline
+    assert "**Open-QA exact match**" in headline and "REALM's retriever changed dev EM by" in headline
     assert "Zero-shot recall@5 on the dev questions, REALM's retriever minus its start (ICT)" in headline
     for kind in ("dense", "bm25", "hybrid"):
         assert (run / "eval" / f"predictions_{kind}.jsonl").read_text().count("\n") == len(QUESTIONS)

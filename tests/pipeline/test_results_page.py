@@ -72,7 +72,8 @@ def test_docs_results_regenerates_from_the_committed_records_and_the_readme_agre
     table = readme.split("## What today's commands give")[1].split("\n## ")[0]
     rows = [line for line in table.splitlines() if line.startswith("| `realm")]
     commands = {re.match(r"\| `([^`]+)`", row)[1] for row in rows}  # type: ignore[index]
-    assert {command_of(json.loads((run / "plan.json").read_text())) for run in runs} == commands  # earlier runs too
+    plans = [run / "plan.json" if (run / "plan.json").is_file() else run / "seed-0" / "plan.json" for run in runs]
+    assert {command_of(json.loads(plan.read_text())) for plan in plans} == commands  # earlier runs and seeds too
     for row in rows:
         figure = re.search(r"[+-]?\d+\.\d+ \[[+-]?\d+\.\d+, [+-]?\d+\.\d+\]", row)
         record = re.search(r"\]\((docs/runs/[^)]+)\)", row)
@@ -198,11 +199,55 @@ def test_a_seeds_folder_is_a_row_per_seed_and_its_figures_over_the_seeds(tmp_pat
     assert page.count(f"## `{command}`") == 1
     for k in range(3):
         assert f"[seeds30/seed-{k}](runs/seeds30/seed-{k}/results.md)" in page
-    assert "| exact match, hybrid | 50.00, 52.00, 54.00 | 52.00 | [47.03, 56.97] | [42.06, 61.94] |" in page
+    assert "| exact match, hybrid | 50.00, 52.00, 54.00 | 52.00 [47.03, 56.97] | [42.06, 61.94] |" in page
     assert (out.parent / "runs" / "seeds30" / "seeds.json").is_file()
     again = tmp_path / "again.md"
     write_results_page(sorted((out.parent / "runs").iterdir()), again)
     assert again.read_text().split("\n", 3)[3] == page.split("\n", 3)[3]
+
+
+def test_an_ablations_run_puts_table_2_on_the_page_from_its_records_alone(tmp_path):
+    """Each arm's paired figures are written into its stage records as it finishes, so the page (from the copies of
+    plan.json and stages/*.json alone) shows Table 2: recall@5 and the masked-LM gain per arm, and exact match."""
+    run = _run(tmp_path / "runs" / "ab", "realm pipeline --ablations --budget-minutes 120", 50.0, None)
+    plan = json.loads((run / "plan.json").read_text())
+    plan["options"]["ablations"] = True
+    plan["preset"] = {"pretrain": {"doc_tower": "fixed"}, "ict": {"steps": 0}}
+    (run / "plan.json").write_text(json.dumps(plan))
+
+    def paired(ours: float, other: float, items: int) -> dict:
+        return {"ours": ours, "other": other, "difference": ours - other, "low": -1.0, "high": 2.5, "items": items}
+
+    eval_record = json.loads((run / "stages" / "eval.json").read_text())
+    eval_record["result"] |= {
+        "zero_shot/off-the-shelf": {"recall@5": 76.5},
+        "zero_shot/REALM": {"recall@5": 76.8},
+        "realm_vs_start": {"start": "off-the-shelf", "recall@5": {"difference": 0.3, "difference_95ci": [-0.1, 0.7]}},
+    }
+    eval_record["result"]["questions"]["dev"] = 1496
+    (run / "stages" / "eval.json").write_text(json.dumps(eval_record))
+    records = {
+        "qa_ict": {"paired": paired(45.0, 44.0, 600)},
+        "measure_uniform": {"paired": {"recall@5": paired(76.8, 76.0, 1496), "masked_lm_gain": paired(0.4, 0.1, 700)}},
+        "qa_uniform": {"paired": paired(45.0, 43.0, 600)},
+    }  # the document tower and index arms not finished: dashes
+    for name, result in records.items():
+        record = {"name": name, "seconds": 60.0, "finished": 1795827714.0, "result": result}
+        (run / "stages" / f"{name}.json").write_text(json.dumps(record))
+    out = tmp_path / "docs" / "results.md"
+    assert main(["results", str(run), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "**Table 2 in miniature** (ab)" in page
+    assert (
+        "| retriever | REALM-pretrained retriever vs warm-start retriever (no ICT) (no REALM), REALM's reader | 76.80 | 76.50 | +0.30 [-0.10, +0.70] | – | – | – | 1496 | – |"
+        in page
+    )
+    assert (
+        "| masking | salient-span masking vs random uniform masking | 76.80 | 76.00 | +0.80 [-1.00, +2.50] | 0.40 | 0.10 | +0.30 [-1.00, +2.50] | 1496 | 700 |"
+        in page
+    )
+    assert "| masking | salient-span masking vs random uniform masking | 45.00 | 43.00 | 2.00 | [-1.0, +2.5] |" in page
+    assert "| index | refreshed index (document tower trained) vs frozen (stale) index | – |" in page
 
 
 def test_the_readme_rows_records_name_commits_this_history_holds():

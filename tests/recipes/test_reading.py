@@ -166,7 +166,8 @@ def test_the_shipped_training_questions_carry_their_paragraphs():
 
 
 def test_the_plan_has_a_reading_stage_where_the_preset_reads_and_the_paper_preset_none():
-    from realm.pipeline.estimate import Workload, estimate, scale_preset
+    from realm.pipeline.estimate import Workload, scale_preset
+    from realm.pipeline.stage_table import estimate
 
     work = Workload(blocks=1000, qa_train=800, qa_dev=100, qa_held_out=100)
     assert "read" not in [s.name for s in estimate(get_preset("paper"), work)]

@@ -4,28 +4,17 @@ and the report's ablation table and learning curves."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from realm.config import PretrainConfig
+from realm.eval.intervals import paired_difference
 from realm.eval.qa import compare_predictions
 from realm.pipeline.curves import plot_runs
 from realm.pipeline.document import ReportDocument
+from realm.pipeline.stage_table import ARMS, MAIN_QA, Arm, arms
 from realm.training.metrics import read_metrics
-
-
-def ablation_variants(pretrain: PretrainConfig) -> dict[str, dict]:
-    """The REALM pretraining runs `--ablations` adds, by name, as changes to the recipe: uniform masking; with a
-    fixed document tower, the paper's recipe (document tower trained, index refreshed); and the stale index (the
-    document tower trained, the index never refreshed)."""
-    variants: dict[str, dict] = {"uniform": {"masking": "uniform"}}
-    if pretrain.doc_tower == "fixed":
-        variants["trained"] = {"doc_tower": "trained"}
-    variants["frozen"] = {"doc_tower": "trained", "refresh_every": 0}
-    return variants
-
-
-MAIN_QA = "eval"  # the stage holding the main system's dense predictions
 
 
 @dataclass(frozen=True)
@@ -46,44 +35,22 @@ def start_retriever(ict: bool) -> str:
     return "ICT retriever" if ict else "warm-start retriever (no ICT)"
 
 
-def ablations(doc_tower: str, ict: bool) -> list[Ablation]:
-    """The comparisons of `--ablations` (`ablation_variants`). With a fixed document tower (ours), the
-    paper's refreshed-against-stale comparison is made between the two runs that train it. Without ICT (`ict`),
-    REALM is compared with the warm-start retriever it started from, as the paper compares it with ICT."""
-    fixed = doc_tower == "fixed"
-    rows = [
+def ablations(pretrain: PretrainConfig, ict: bool) -> list[Ablation]:
+    """The comparisons of `--ablations`, one per arm (stage_table.py: ARMS) of this recipe of REALM pretraining.
+    Without ICT (`ict`), REALM is compared with the warm-start retriever it started from, as the paper compares it
+    with ICT."""
+    trained = " (document tower trained)" if pretrain.doc_tower == "fixed" else ""
+    return [
         Ablation(
-            "retriever",
-            "REALM-pretrained retriever",
-            f"{start_retriever(ict)} (no REALM)",
-            MAIN_QA,
-            "qa_ict",
-            (38.2, 31.3),
-        ),
-        Ablation("masking", "salient-span masking", "random uniform masking", MAIN_QA, "qa_uniform", (38.2, 32.3)),
+            arm.setting,
+            arm.ours.format(start=start_retriever(ict), trained=trained),
+            arm.other.format(start=start_retriever(ict), trained=trained),
+            arm.compared_with(pretrain),
+            f"qa_{arm.name}",
+            arm.paper,
+        )
+        for arm in arms(pretrain)
     ]
-    if fixed:
-        rows.append(
-            Ablation(
-                "document tower",
-                "fixed (query tower trained)",
-                "trained, index refreshed (the paper's)",
-                MAIN_QA,
-                "qa_trained",
-                None,
-            )
-        )
-    rows.append(
-        Ablation(
-            "index",
-            "refreshed index" + (" (document tower trained)" if fixed else ""),
-            "frozen (stale) index",
-            "qa_trained" if fixed else MAIN_QA,
-            "qa_frozen",
-            (38.2, 28.7),
-        )
-    )
-    return rows
 
 
 DETECTABLE_IN_SE = 1.96 + 0.84  # a true difference this many standard errors is found 80% of the time at 5%
@@ -93,31 +60,193 @@ def predictions(run_dir: Path, stage: str) -> Path:
     return run_dir / stage / "predictions_dense.jsonl"
 
 
-def ablation_rows(r: dict, run_dir: Path, doc_tower: str, ict: bool) -> list[list]:
-    """One row per ablation, with the paired difference over the dev questions both systems answered (dense
-    retrieval, as the ablations vary the retriever's pretraining): with a budget the main evaluation answers dev in
-    its seeded order until its clock runs out, the ablated systems the plan's sample of it. A row whose runs have
-    not finished yet shows dashes."""
+@dataclass(frozen=True)
+class PairedFigure:
+    """A figure of the system an arm is compared with (`ours`) and of the arm (`other`) over the same items, and
+    their paired difference ours - other with its 95% bootstrap interval. Written into the arm's stage record as it
+    finishes (`to_dict`), so that the report and the results page read Table 2 from records alone."""
 
+    ours: float
+    other: float
+    difference: float
+    interval: tuple[float, float]
+    items: int
+
+    def to_dict(self) -> dict:
+        rounded = [round(v, 4) for v in (self.ours, self.other, self.difference, *self.interval)]
+        return dict(zip(("ours", "other", "difference", "low", "high"), rounded, strict=True)) | {"items": self.items}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PairedFigure:
+        return cls(data["ours"], data["other"], data["difference"], (data["low"], data["high"]), data["items"])
+
+    def cells(self, digits: int) -> list:
+        low, high = self.interval
+        return [
+            round(self.ours, digits),
+            round(self.other, digits),
+            f"{self.difference:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]",
+        ]
+
+
+def paired(ours: list[float], other: list[float]) -> PairedFigure:
+    """Two systems' per-item scores in the same order, paired over the first items both scored."""
+    n = min(len(ours), len(other))
+    if n == 0:
+        raise ValueError("no item both systems scored")
+    difference, interval = paired_difference(ours[:n], other[:n])
+    return PairedFigure(sum(ours[:n]) / n, sum(other[:n]) / n, difference, interval, n)
+
+
+def paired_exact_match(ours: Path, other: Path) -> PairedFigure:
+    """Dense exact match of two predictions files over the dev questions both answered."""
+    p = compare_predictions(ours, other, shared=True)
+    low, high = p["difference_95ci"]
+    return PairedFigure(p["exact_match_a"], p["exact_match_b"], p["difference"], (low, high), p["questions"])
+
+
+def _hits(ranks: list[int | None], k: int = 5) -> list[float]:
+    return [100.0 * (rank is not None and rank < k) for rank in ranks]
+
+
+def paired_measures(ours: tuple[list, list], arm: tuple[list, list]) -> dict:
+    """An arm's Table 2 columns before fine-tuning against the system it is compared with, each (zero-shot ranks
+    on every dev question, per-sentence masked-LM gains in the scoring order): recall@5 and the gain, paired."""
+    return {
+        "recall@5": paired(_hits(ours[0]), _hits(arm[0])).to_dict(),
+        "masked_lm_gain": paired(ours[1], arm[1]).to_dict(),
+    }
+
+
+def measured_by(stage: str, records: dict, run_dir: Path) -> tuple[list, list]:
+    """What an arm's measures are paired with: the zero-shot ranks and per-sentence masked-LM gains of the system
+    named by its QA stage, the main run's (`MAIN_QA`: its evaluation and held-out scoring) or an earlier arm's."""
+    if stage == MAIN_QA:
+        folder, scored = run_dir / "eval", records["examples"]
+    else:
+        measured = f"measure_{stage.removeprefix('qa_')}"
+        folder, scored = run_dir / measured, records[measured]
+    ranks = json.loads((folder / "zero_shot_ranks.json").read_text())["REALM"]
+    return ranks, scored["with_retrieval"]["per_sentence_gain"]
+
+
+def arm_of(stage: str) -> Arm:
+    """The arm a stage of the table belongs to, by its QA or measures stage's name."""
+    name = stage.split("_", 1)[1]
+    return next(arm for arm in ARMS if arm.name == name)
+
+
+@dataclass(frozen=True)
+class AblationRow:
+    """One row of the report's exact match ablation table (None while either system has not finished)."""
+
+    ablation: Ablation
+    em: PairedFigure | None = None
+
+    @property
+    def detectable(self) -> float | None:
+        """The smallest true difference these questions would show 80% of the time (the interval's width gives
+        the standard error)."""
+        if self.em is None:
+            return None
+        return DETECTABLE_IN_SE * (self.em.interval[1] - self.em.interval[0]) / (2 * 1.96)
+
+    def cells(self) -> list:
+        a, paper, em = self.ablation, self.ablation.paper or (None, None), self.em
+        shown = [em.ours, em.other, em.difference, "[{:+.1f}, {:+.1f}]".format(*em.interval)] if em else [None] * 4
+        return [a.what, f"{a.ours} vs {a.other}", *shown, self.detectable, *paper, em.items if em else None]
+
+
+def ablation_rows(r: dict, pretrain: PretrainConfig, ict: bool) -> list[AblationRow]:
+    """One row per ablation: dense exact match paired over the dev questions both systems answered, as the arm's
+    QA stage recorded it (with a budget the main evaluation answers dev until its clock runs out, the arms the
+    plan's sample of it)."""
     rows = []
-    for a in ablations(doc_tower, ict):
-        ours, other, difference, interval, detectable, questions = None, None, None, None, None, None
-        if a.ours_stage in r and a.other_stage in r:
-            ours_file, other_file = predictions(run_dir, a.ours_stage), predictions(run_dir, a.other_stage)
-            paired = compare_predictions(ours_file, other_file, shared=True)
-            ours, other, difference = paired["exact_match_a"], paired["exact_match_b"], paired["difference"]
-            questions = paired["questions"]
-            low, high = paired["difference_95ci"]
-            interval = f"[{low:+.1f}, {high:+.1f}]"
-            detectable = DETECTABLE_IN_SE * (high - low) / (2 * 1.96)  # the interval's width gives the standard error
-        paper = a.paper or (None, None)
-        rows.append(
-            [a.what, f"{a.ours} vs {a.other}", ours, other, difference, interval, detectable, *paper, questions]
-        )
+    for a in ablations(pretrain, ict):
+        em = r.get(a.other_stage, {}).get("paired")
+        rows.append(AblationRow(a, PairedFigure.from_dict(em) if em else None))
     return rows
 
 
-def ablation_table(doc: ReportDocument, rows: list[list]) -> None:
+@dataclass(frozen=True)
+class MeasureRow:
+    """One arm's Table 2 columns before fine-tuning: zero-shot recall@5 over every dev question and the held-out
+    masked-LM gain, each paired with what it is compared with (None: not measured, or not finished)."""
+
+    ablation: Ablation
+    recall: PairedFigure | None
+    gain: PairedFigure | None
+
+    def cells(self) -> list:
+        a = self.ablation
+        recall = self.recall.cells(2) if self.recall else [None] * 3
+        gain = self.gain.cells(2) if self.gain else [None] * 3
+        counts = [self.recall.items if self.recall else None, self.gain.items if self.gain else None]
+        return [a.what, f"{a.ours} vs {a.other}", *recall, *gain, *counts]
+
+
+def _start_recall(ev: dict) -> PairedFigure | None:
+    """REALM's retriever against its start, zero-shot recall@5 on every dev question (the evaluation's record)."""
+    paired_recall = ev.get("realm_vs_start", {}).get("recall@5")
+    if not paired_recall:
+        return None
+    start = ev["realm_vs_start"]["start"]
+    ours, other = (ev[f"zero_shot/{label}"]["recall@5"] for label in ("REALM", start))
+    low, high = paired_recall["difference_95ci"]
+    return PairedFigure(ours, other, paired_recall["difference"], (low, high), ev["questions"]["dev"])
+
+
+def measure_rows(r: dict, pretrain: PretrainConfig, ict: bool) -> list[MeasureRow]:
+    """Table 2's columns that need no fine-tuning, per arm, from the arms' records: zero-shot recall@5 of each
+    retriever on every dev question and the held-out masked-LM gain, each paired with what it is compared with."""
+    rows = []
+    for a in ablations(pretrain, ict):
+        arm = arm_of(a.other_stage)
+        if arm.changes is None:  # no REALM pretraining: REALM's retriever against its start, no masked-LM model
+            rows.append(MeasureRow(a, _start_recall(r["eval"]) if "eval" in r else None, None))
+            continue
+        measured = r.get(f"measure_{arm.name}", {}).get("paired")
+        recall, gain = (
+            PairedFigure.from_dict(measured[k]) if measured else None for k in ("recall@5", "masked_lm_gain")
+        )
+        rows.append(MeasureRow(a, recall, gain))
+    return rows
+
+
+MEASURE_COLUMNS = [
+    *("ablation", "comparison", "R@5 ours", "R@5 ablated", "difference [95%]"),
+    *("masked-LM gain ours", "ablated", "difference [95%]", "dev questions", "sentences"),
+]
+ABLATION_COLUMNS = [
+    *("ablation", "comparison", "ours EM", "ablated EM", "difference", "95% interval", "detectable"),
+    *("paper EM", "paper ablated", "questions"),
+]
+
+
+def table2(plan: dict, r: dict) -> tuple[list[MeasureRow], list[AblationRow]] | None:
+    """A finished or running `--ablations` run's Table 2 from its plan.json and stage results alone (None: a run
+    without ablations): what the report and the results page show."""
+    if not plan.get("options", {}).get("ablations"):
+        return None
+    pretrain = PretrainConfig(doc_tower=plan["preset"]["pretrain"]["doc_tower"])
+    ict = plan["preset"]["ict"]["steps"] > 0
+    return measure_rows(r, pretrain, ict), ablation_rows(r, pretrain, ict)
+
+
+def measure_table(doc: ReportDocument, rows: list[MeasureRow]) -> None:
+    doc.heading("Table 2 in miniature: what each arm's pretraining gave, before fine-tuning")
+    doc.paragraph(
+        "Each arm against the system it is compared with (the main run, or for the index the two runs that train "
+        "the document tower): zero-shot recall@5 of its retriever on every dev question, and the held-out "
+        "masked-LM gain (masked-token accuracy with its retrieval minus without) on the held-out sentences the "
+        "main run scored, in the same order. Differences are paired over the same questions or sentences, with "
+        "95% bootstrap intervals; the arm without REALM pretraining has no masked-LM model of its own. Exact "
+        "match after fine-tuning is the next table."
+    )
+    doc.table(MEASURE_COLUMNS, [row.cells() for row in rows])
+
+
+def ablation_table(doc: ReportDocument, rows: list[AblationRow]) -> None:
     doc.heading("Ablations (the paper's, in miniature)")
     doc.paragraph(
         "Exact match on our dev questions after fine-tuning, each system with its own dense retriever; the paper's "
@@ -128,21 +257,7 @@ def ablation_table(doc: ReportDocument, rows: list[list]) -> None:
         "questions, not training: one fine-tuning rerun with another seed can land as far from itself as a row's "
         "difference (`experiments/qa_seeds.py` reruns these QA stages with other seeds and measures it)."
     )
-    doc.table(
-        [
-            "ablation",
-            "comparison",
-            "ours EM",
-            "ablated EM",
-            "difference",
-            "95% interval",
-            "detectable",
-            "paper EM",
-            "paper ablated",
-            "questions",
-        ],
-        rows,
-    )
+    doc.table(ABLATION_COLUMNS, [row.cells() for row in rows])
 
 
 def ablation_curves(doc: ReportDocument, run_dir: Path, records: dict) -> None:

@@ -1,5 +1,5 @@
-"""The cost model of `realm pipeline`: what a run processes (`Workload`), each stage's estimate in steps and
-seconds at a preset's step counts (`estimate`), and a preset's steps scaled by one factor (`scale_preset`) or set to
+"""The cost model of `realm pipeline`: what a run processes (`Workload`), each stage's cost in steps and seconds at
+a preset's step counts (the `Cost` functions pipeline/stage_table.py names for its stages), and a preset's steps scaled by one factor (`scale_preset`) or set to
 what a finished trainer trained (`trained_preset`). The costs are `StageCosts`: measured on this machine before
 planning (pipeline/calibrate.py), or the preset's constants (`costed_for`: fp32's where the trainers compute in it).
 """
@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 
 from realm.config import Preset, PretrainConfig, QAConfig, StageCosts
-from realm.pipeline.ablations import ablation_variants
 from realm.pipeline.work import EXAMPLE_POOL
 
 MIN_TRAINING_STEPS = 2
@@ -157,57 +156,96 @@ def qa_scoring_seconds(preset: Preset, work: Workload, steps: int) -> float:
     return math.ceil(steps / per_epoch) * questions * preset.costs.qa_question
 
 
-def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
-    """Per-stage estimates for `preset` as it stands, every stage after the plan."""
+# A stage's cost model (pipeline/stage_table.py names one for each stage): (training steps, seconds a step, fixed
+# seconds: starting, embedding, tagging, scoring) at the preset's step counts for the run's workload.
+Cost = Callable[[Preset, Workload], tuple[int, float, float]]
+
+
+def _embed(preset: Preset, work: Workload) -> float:
+    return work.blocks / preset.costs.embed_blocks_per_second
+
+
+def _held_out_recall(preset: Preset, work: Workload) -> float:
+    """One retriever's recall on the held-out training questions."""
+    return work.qa_held_out * preset.costs.recall_question
+
+
+def _retrievers(preset: Preset) -> int:
+    """The retrievers a QA run compares: the off-the-shelf one, ICT's where it runs, REALM's."""
+    return HELD_OUT_RETRIEVERS + (1 if preset.ict.steps else 0)
+
+
+def ict_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
+    return preset.ict.steps, preset.costs.ict_step, preset.costs.ict_startup
+
+
+def realm_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
+    """REALM pretraining: tagging the corpus's salient spans, and its first index. An index whose document tower
+    already built one in the run copies its embeddings (pipeline/work.py: run_indexes): REALM's first index is its
+    start's, ICT's, embedded here, or without ICT the warm start's, which QA runs build before planning (QA is
+    calibrated on it)."""
     c = preset.costs
-    embed = work.blocks / c.embed_blocks_per_second
-    qa_steps = preset.qa.total_steps(work.qa_train) if work.qa_train else 0
-    scoring = qa_scoring_seconds(preset, work, qa_steps) if work.qa_train else 0.0
-    held_out_recall = work.qa_held_out * c.recall_question  # one retriever's recall on the held-out training questions
-    pretrain_steps = preset.pretrain.steps
-    # An index whose document tower already built one in the run copies its embeddings (pipeline/work.py:
-    # run_indexes). REALM's first index is its start's: ICT's, embedded by the REALM stage, or without ICT the warm
-    # start's, which QA runs build before planning (QA is calibrated on it); a fixed document tower's later indexes
-    # are copies of the first.
-    first_index = 0.0 if not preset.ict.steps and work.qa_train else embed
-    reembed = 0.0 if preset.pretrain.doc_tower == "fixed" else embed
-    stages = [StageEstimate("ict", preset.ict.steps, c.ict_step, c.ict_startup)] if preset.ict.steps else []
+    first_index = 0.0 if not preset.ict.steps and work.qa_train else _embed(preset, work)
     tagging = work.blocks / c.tag_blocks_per_second
-    realm_step = pretrain_step_seconds(preset.pretrain, c)
-    stages += [StageEstimate("realm", pretrain_steps, realm_step, tagging + first_index + c.pretrain_startup)]
-    qa_fixed = scoring + c.qa_startup + HELD_OUT_RETRIEVERS * held_out_recall  # keep_query_tower: two recalls
-    if work.qa_train:
-        stages += [StageEstimate("ict_index", 0, 0.0, reembed)] if preset.ict.steps else []
-        stages += [StageEstimate("realm_index", 0, 0.0, reembed)]
-        retrievers = HELD_OUT_RETRIEVERS + (1 if preset.ict.steps else 0)
-        stages += [
-            StageEstimate("qa_start", 0, 0.0, retrievers * held_out_recall),
-        ]
-        read_steps = 0 if work.ablations else preset.reading.total_steps(work.qa_train)  # ablations: none (run.py)
-        read_fixed = c.read_startup + work.qa_train * c.read_question  # the blocks each question reads, found once
-        stages += [StageEstimate("read", read_steps, c.read_step, read_fixed)] if read_steps else []
-        stages += [
-            StageEstimate("qa", qa_steps, c.qa_step, qa_fixed),
-            # the fine-tuned model with three retrievers on the sample; zero-shot recall of each retriever on all
-            StageEstimate(
-                "eval", 0, 0.0, work.evaluated * c.qa_systems_question + retrievers * work.qa_dev * c.recall_question
-            ),
-        ]
+    return preset.pretrain.steps, pretrain_step_seconds(preset.pretrain, c), tagging + first_index + c.pretrain_startup
+
+
+def arm_realm_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
+    """An ablation arm's REALM pretraining: the main stage's salient spans and first index are reused."""
+    c = preset.costs
+    return preset.pretrain.steps, pretrain_step_seconds(preset.pretrain, c), c.pretrain_startup
+
+
+def index_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
+    """An index after pretraining: with a fixed document tower, a copy of the first index's embeddings."""
+    return 0, 0.0, 0.0 if preset.pretrain.doc_tower == "fixed" else _embed(preset, work)
+
+
+def qa_start_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
+    return 0, 0.0, _retrievers(preset) * _held_out_recall(preset, work)
+
+
+def read_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
+    """The reading stage: the blocks each training question reads, found once, then its steps."""
+    c = preset.costs
+    return preset.reading.total_steps(work.qa_train), c.read_step, c.read_startup + work.qa_train * c.read_question
+
+
+def qa_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
+    """ORQA's fine-tuning, its held-out scoring, and the recall of the kept query tower and its start."""
+    c = preset.costs
+    steps = preset.qa.total_steps(work.qa_train)
+    fixed = (
+        qa_scoring_seconds(preset, work, steps) + c.qa_startup + HELD_OUT_RETRIEVERS * _held_out_recall(preset, work)
+    )
+    return steps, c.qa_step, fixed
+
+
+def arm_qa_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
+    """An arm's fine-tuning, and its dense evaluation on the main run's sample."""
+    steps, step, fixed = qa_cost(preset, work)
+    return steps, step, fixed + work.evaluated * preset.costs.qa_question
+
+
+def eval_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
+    """The fine-tuned model with three retrievers on the sample; zero-shot recall of each retriever on all."""
+    c = preset.costs
+    return 0, 0.0, work.evaluated * c.qa_systems_question + _retrievers(preset) * work.qa_dev * c.recall_question
+
+
+def measure_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
+    """An arm's Table 2 columns: its retriever's zero-shot recall on every dev question, and its masked-LM gain on
+    the held-out sentences the main run scored."""
+    c = preset.costs
     sentences = work.held_out_sentences if work.held_out_sentences is not None else SCORED_SENTENCES
-    read = min(EXAMPLE_POOL, sentences) + min(work.scored_sentences, sentences)  # the worked examples' pool, the scored
-    stages += [StageEstimate("examples", 0, 0.0, read * c.scored_sentence)]
-    if work.ablations:
-        dense = work.evaluated * c.qa_question  # each ablation's dense evaluation
-        stages += [StageEstimate("qa_ict", qa_steps, c.qa_step, qa_fixed + dense)]
-        for variant, changes in ablation_variants(preset.pretrain).items():
-            varied = dataclasses.replace(preset.pretrain, **changes)
-            fixed = c.pretrain_startup
-            stages += [
-                StageEstimate(f"realm_{variant}", pretrain_steps, pretrain_step_seconds(varied, c), fixed),
-                StageEstimate(f"realm_{variant}_index", 0, 0.0, 0.0 if varied.doc_tower == "fixed" else embed),
-                StageEstimate(f"qa_{variant}", qa_steps, c.qa_step, qa_fixed + dense),
-            ]
-    return stages
+    return 0, 0.0, work.qa_dev * c.recall_question + min(work.scored_sentences, sentences) * c.scored_sentence
+
+
+def examples_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
+    """The worked examples' pool and the held-out sentences scored, with retrieval and without."""
+    sentences = work.held_out_sentences if work.held_out_sentences is not None else SCORED_SENTENCES
+    read = min(EXAMPLE_POOL, sentences) + min(work.scored_sentences, sentences)
+    return 0, 0.0, read * preset.costs.scored_sentence
 
 
 def retrieval_step_seconds(cfg: PretrainConfig, costs: StageCosts) -> float:
@@ -219,19 +257,10 @@ def retrieval_step_seconds(cfg: PretrainConfig, costs: StageCosts) -> float:
     return costs.pretrain_step if cfg.refresh_every else costs.frozen_pretrain_step
 
 
-def step_kind(stage: str) -> str | None:
-    """The kind of training step a stage takes ("ict", "realm", "read", "qa", the ablations' too), None for a stage
-    without steps: each kind is paced by its own steps alone."""
-    if stage.endswith("_index") or stage == "qa_start":
-        return None
-    kinds = ("ict", "realm", "read", "qa")
-    return next((kind for kind in kinds if stage == kind or stage.startswith(f"{kind}_")), None)
-
-
-def trained_preset(preset: Preset, stage: str, trained: dict[str, int]) -> Preset:
-    """`preset` with the step counts a trainer of `stage`'s kind trained (its steps.json): as fixed steps they
-    replay its schedule (the ablations train exactly as long as the stage they are compared with)."""
-    kind, steps, decay_from = step_kind(stage), trained["steps"], trained["decay_from"]
+def trained_preset(preset: Preset, kind: str | None, trained: dict[str, int]) -> Preset:
+    """`preset` with the step counts a trainer of `kind` trained (its steps.json): as fixed steps they replay its
+    schedule (the ablations train exactly as long as the stage they are compared with)."""
+    steps, decay_from = trained["steps"], trained["decay_from"]
     if kind == "realm":
         warmup = trained["null_warmup_steps"]
         pretrain = dataclasses.replace(preset.pretrain, steps=steps, null_warmup_steps=warmup, decay_from=decay_from)
@@ -246,7 +275,7 @@ def trained_preset(preset: Preset, stage: str, trained: dict[str, int]) -> Prese
         return dataclasses.replace(preset, reading=reading)
     if kind == "ict":
         return dataclasses.replace(preset, ict=dataclasses.replace(preset.ict, steps=steps, decay_from=decay_from))
-    raise ValueError(f"{stage!r} is not a training stage")
+    raise ValueError(f"{kind!r} is not a kind of training step")
 
 
 def largest_fitting(fits: Callable[[float], bool], low: float, high: float) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from realm.data.question_sets import PAPER_ROWS, QUESTION_SETS, QuestionSet
+from realm.pipeline.ablations import AblationRow
 from realm.pipeline.document import ReportDocument
 from realm.pipeline.plan import PipelinePlan
 
@@ -20,16 +21,16 @@ def _verdict(low: float, high: float) -> str:
     return "excludes 0" if low > 0 or high < 0 else "includes 0: no clear change"
 
 
-def realm_added(r: dict, compared: list[list]) -> list[str]:
+def realm_added(r: dict, compared: list[AblationRow]) -> list[str]:
     """Sentences, each a paired figure of REALM against its start: exact match (where --ablations fine-tuned both),
     zero-shot recall over the dev questions, and masked-token accuracy on held-out sentences."""
     lines = []
-    retriever_row = next((row for row in compared if row[0] == "retriever" and row[4] is not None), None)
-    if retriever_row is not None:
-        difference, interval = retriever_row[4], retriever_row[5]
+    em = next((row.em for row in compared if row.ablation.what == "retriever" and row.em), None)
+    if em is not None:
         lines.append(
-            f"REALM pretraining changed dev EM by {difference:+.2f} {interval} points: the same fine-tuning from "
-            f"REALM's retriever ({retriever_row[2]}) and from its start ({retriever_row[3]}), dense retrieval."
+            f"REALM's retriever changed dev EM by {em.difference:+.2f} {_interval(em.interval)} points: the same "
+            f"fine-tuning from REALM's reader, with REALM's retriever ({em.ours:.2f}) and with its start's "
+            f"({em.other:.2f}), dense retrieval, over the {em.items:,} dev questions both answered."
         )
     elif "eval" in r:
         chosen = r.get("qa_start", {}).get("retriever", "REALM")
@@ -61,7 +62,7 @@ def realm_added(r: dict, compared: list[list]) -> list[str]:
     return lines
 
 
-def headline(doc: ReportDocument, r: dict, plan: PipelinePlan, compared: list[list]) -> None:
+def headline(doc: ReportDocument, r: dict, plan: PipelinePlan, compared: list[AblationRow]) -> None:
     """The run's answer in a few lines: EM, what REALM added, and the paper's rows where they apply."""
     ev = r.get("eval")
     if ev is not None:

@@ -24,15 +24,14 @@ from realm.pipeline.estimate import (
     MIN_TRAINING_STEPS,
     SCORED_SENTENCES,
     StageEstimate,
-    estimate,
     largest_fitting,
     qa_min_steps,
     retrieval_step_seconds,
     scale_preset,
-    step_kind,
     trained_preset,
 )
 from realm.pipeline.plan import PipelinePlan
+from realm.pipeline.stage_table import estimate, kind_of
 from realm.pipeline.stages import stepping_seconds
 from realm.pipeline.work import EXAMPLE_POOL
 from realm.training.schedule import TimedSteps, read_steps
@@ -50,7 +49,7 @@ class Pace:
     other: float = 1.0
 
     def of(self, stage: str) -> float:
-        kind = step_kind(stage)
+        kind = kind_of(stage)
         return self.steps.get(kind, 1.0) if kind else 1.0
 
     def seconds(self, e: StageEstimate) -> float:
@@ -78,7 +77,7 @@ def run_pace(finished: dict[str, StageEstimate], took: dict[str, float], steppin
     observed: dict[str, float] = {}
     estimated_other = observed_other = 0.0
     for name, e in finished.items():
-        kind = step_kind(name)
+        kind = kind_of(name)
         if kind and name in stepping and e.steps:
             estimated[kind] = estimated.get(kind, 0.0) + e.steps * e.step_seconds
             observed[kind] = observed.get(kind, 0.0) + stepping[name]
@@ -158,7 +157,9 @@ def time_stage(
     finished = {name: ran.get(name, e) for name, e in at_plan.items() if name in took}
     pace = run_pace(finished, took, stepping)
     names = list(at_plan)
-    after = names[names.index(stage) + 1 :] if stage in at_plan else []
+    if stage not in at_plan:  # a stage the table (stage_table.py) does not plan has no share of the budget
+        raise ValueError(f"{stage!r} is not a stage of this run's plan ({', '.join(names)})")
+    after = names[names.index(stage) + 1 :]
     rest = sum(pace.seconds(at_plan[name]) for name in after if name not in took) + c.fixed_seconds * pace.other
     deadline = plan.deadline.earlier(rest)
     allotted = deadline.at - now
@@ -172,7 +173,7 @@ def time_stage(
         held = work.held_out_sentences if work.held_out_sentences is not None else SCORED_SENTENCES
         fits = allotted / pace.other / c.scored_sentence - min(EXAMPLE_POOL, held)
         return dataclasses.replace(timing, sample=int(min(SCORED_SENTENCES, max(MIN_SCORED_SENTENCES, fits))))
-    if step_kind(stage) is None:
+    if kind_of(stage) is None:
         return timing
     scale = largest_fitting(lambda scale: pace.seconds(stages_at(scale)[stage]) <= allotted, 0.0, 1e3)
     qa_steps = costed.qa.total_steps(work.qa_train) if work.qa_train else 0
@@ -248,5 +249,5 @@ class RunClock:
         if steps is None or timing is None or timing.get("scale") is None:
             return None
         sized = scale_preset(self.costed, timing["scale"], self.plan.work.qa_train)
-        ran = trained_preset(sized, stage, steps["trained"])
+        ran = trained_preset(sized, kind_of(stage), steps["trained"])
         return next((e for e in estimate(ran, self.plan.work) if e.name == stage), None)

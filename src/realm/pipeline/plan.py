@@ -40,12 +40,12 @@ from realm.pipeline.estimate import (
     StageEstimate,
     Workload,
     costed_for,
-    estimate,
     largest_fitting,
     qa_min_steps,
     reader_warmup_steps,
     scale_preset,
 )
+from realm.pipeline.stage_table import arms, estimate
 from realm.recipes.warmup import OWN_BLOCK_READINGS
 
 FEW_QA_STEPS_FINDING = (
@@ -104,6 +104,13 @@ class PipelinePlan:
         if w.qa_dev:
             measured += f"EM over {w.evaluated:,} of {w.qa_dev:,} dev questions and "
         measured += f"{w.scored_sentences:,} held-out sentences scored"
+        if w.ablations:  # every arm planned within the budget (stage_table.py)
+            named = [arm.setting for arm in arms(p.pretrain)]
+            measured += (
+                f"; {len(named)} ablation arms ({', '.join(named)}), each trained as long as the main stages, "
+                f"scored on the same {w.evaluated:,} dev questions (exact match), on all {w.qa_dev:,} (zero-shot "
+                "recall@5) and on the main run's held-out sentences"
+            )
         short = (
             f"; REALM's reader warm-up gets {p.pretrain.null_warmup_steps:,} of the {reader_warmup_steps(p.pretrain):,} steps after "
             f"which retrieval helped in {WARMUP_FINDING}: a budget of about "

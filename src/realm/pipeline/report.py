@@ -15,13 +15,21 @@ from pathlib import Path
 from realm.common.io import write_atomic
 from realm.common.provenance import describe_commit
 from realm.config import PretrainConfig, StageCosts, read_run_config
-from realm.pipeline.ablations import MAIN_QA, ablation_curves, ablation_rows, ablation_table, ablations
+from realm.pipeline.ablations import (
+    ablation_curves,
+    ablation_rows,
+    ablation_table,
+    ablations,
+    measure_rows,
+    measure_table,
+)
 from realm.pipeline.curves import CURVES, plot_curves
 from realm.pipeline.document import ReportDocument
-from realm.pipeline.estimate import WARMUP_FINDING, reader_warmup_steps, retrieval_step_seconds, step_kind
+from realm.pipeline.estimate import WARMUP_FINDING, reader_warmup_steps, retrieval_step_seconds
 from realm.pipeline.headline import headline
 from realm.pipeline.plan import PipelinePlan
 from realm.pipeline.report_qa import qa_start_section, qa_tables, reader_training_section
+from realm.pipeline.stage_table import MAIN_QA, kind_of
 from realm.pipeline.stages import step_seconds
 from realm.recipes.warmup import OWN_BLOCK_READINGS
 from realm.training.metrics import read_metrics
@@ -150,7 +158,7 @@ def _phase_rows(name: str, steps: dict | None, rows: list[dict], costs: StageCos
         per_step = f"{estimate:.2f} / {measured:.2f}" if measured is not None else f"{estimate:.2f} / -"
         return [f"{name}: {phase}", None, None, None, f"{planned_steps:,} / {trained_steps:,}", per_step]
 
-    kind = step_kind(name)
+    kind = kind_of(name)
     if kind == "realm" and trained["null_warmup_steps"]:
         warm, total = trained["null_warmup_steps"], trained["steps"]
         return [
@@ -367,9 +375,10 @@ def write_report(
     run_dir = Path(run_dir)
     r = {name: record.result for name, record in records.items()}
     planned = {s.name for s in plan.stages}
-    doc_tower, ict = plan.preset.pretrain.doc_tower, plan.preset.ict.steps > 0
-    has_ablations = MAIN_QA in r and any(a.other_stage in planned for a in ablations(doc_tower, ict))
-    compared = ablation_rows(r, run_dir, doc_tower, ict) if has_ablations else []  # read once, shown twice
+    pretrain, ict = plan.preset.pretrain, plan.preset.ict.steps > 0
+    has_ablations = MAIN_QA in r and any(a.other_stage in planned for a in ablations(pretrain, ict))
+    compared = ablation_rows(r, pretrain, ict) if has_ablations else []  # read once, shown twice
+    measured = measure_rows(r, pretrain, ict) if has_ablations else []
     status = (
         "" if complete else f" **In progress:** {len(records)} stages done; the Stages table lists those still pending."
     )
@@ -394,6 +403,7 @@ def write_report(
     if "eval" in r:
         qa_tables(doc, r, plan)
     if has_ablations:
+        measure_table(doc, measured)
         ablation_table(doc, compared)
         ablation_curves(doc, run_dir, records)
     if "examples" in r:
@@ -414,6 +424,7 @@ def write_report(
     if "eval" in r:
         qa_tables(results, r, plan)
     if has_ablations:
+        measure_table(results, measured)
         ablation_table(results, compared)
 
     report = run_dir / "report.md"

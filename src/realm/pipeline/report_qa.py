@@ -122,7 +122,7 @@ def qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     systems = {label.format(retriever=chosen, tower=tower): ev[kind] for kind, label in SYSTEM_LABELS.items()}
     if "qa_ict" in r:
         start = start_retriever(bool(plan.preset.ict.steps))
-        systems[f"{start} + warm-start reader, fine-tuned (ORQA-style)"] = r["qa_ict"]["dense"]
+        systems[f"{start} + REALM's reader, fine-tuned (the retriever ablation)"] = r["qa_ict"]["dense"]
     rows = []
     for label, result in systems.items():
         low, high = result.get("exact_match_95ci", (None, None))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from realm.common.io import write_atomic
 from realm.common.provenance import describe_commit
+from realm.pipeline.ablations import ABLATION_COLUMNS, MEASURE_COLUMNS, AblationRow, MeasureRow, table2
 from realm.pipeline.document import ReportDocument
 from realm.pipeline.stages import STAGES
 
@@ -158,8 +159,7 @@ def seeds_rows(summary: dict) -> list[list[object]]:
             [
                 name,
                 ", ".join(f"{v:.2f}" for v in f["values"]),
-                f"{f['mean']:.2f}",
-                "[{:.2f}, {:.2f}]".format(*f["mean_95ci"]),
+                "{:.2f} [{:.2f}, {:.2f}]".format(f["mean"], *f["mean_95ci"]),
                 "[{:.2f}, {:.2f}]".format(*f["next_run_95ci"]),
             ]
         )
@@ -171,6 +171,7 @@ def write_results_page(run_dirs: list[Path], out: Path) -> Path:
     folder: a row per seed, and its figures over the seeds)."""
     tables: dict[str, tuple[list[str], list[list[object]]]] = {}
     over_seeds: list[tuple[str, Path, dict]] = []
+    ablated: dict[str, dict[str, tuple[list[MeasureRow], list[AblationRow]]]] = {}  # command -> run -> Table 2
     for run_dir in run_dirs:
         record = out.parent / "runs" / run_dir.name
         seeds = archive_seeds(run_dir, record) if seed_runs(run_dir) else []
@@ -183,6 +184,10 @@ def write_results_page(run_dirs: list[Path], out: Path) -> Path:
             if command in tables and tables[command][0] != columns:
                 raise ValueError(f"{run_dir}: its stages differ from another run of `{command}`")
             tables.setdefault(command, (columns, []))[1].append(row)
+            plan, stages = load_records(one)
+            arms = table2(plan, {s: record["result"] for s, record in stages.items()})
+            if arms is not None:
+                ablated.setdefault(command, {})[name] = arms
         if seeds:
             over_seeds.append((command, record, json.loads((record / SEEDS_SUMMARY).read_text())))
     regenerate = " ".join((out.parent / "runs" / d.name).as_posix() for d in run_dirs)
@@ -198,6 +203,14 @@ def write_results_page(run_dirs: list[Path], out: Path) -> Path:
     for command, (columns, rows) in tables.items():
         doc.heading(f"`{command}`")
         doc.table(columns, rows)
+        for name, (measured, compared) in ablated.get(command, {}).items():
+            doc.paragraph(
+                f"**Table 2 in miniature** ({name}): each arm against the system it is compared with, paired; "
+                "before fine-tuning, zero-shot recall@5 on every dev question and the held-out masked-LM gain:"
+            )
+            doc.table(MEASURE_COLUMNS, [row.cells() for row in measured])
+            doc.paragraph(f"After fine-tuning ({name}), dense exact match on the dev questions both answered:")
+            doc.table(ABLATION_COLUMNS, [row.cells() for row in compared])
         for seeds_command, record, summary in over_seeds:
             if seeds_command == command:
                 doc.paragraph(
@@ -207,9 +220,8 @@ def write_results_page(run_dirs: list[Path], out: Path) -> Path:
                     "(training's spread as well as the questions'), and where one more run should fall (95%; what "
                     "`realm results --check` holds a rerun to)."
                 )
-                doc.table(
-                    ["figure", "per seed", "mean", "mean, 95% t-interval", "one more run, 95%"], seeds_rows(summary)
-                )
+                columns = ["figure", "per seed", "mean [95% t-interval]", "one more run, 95%"]
+                doc.table(columns, seeds_rows(summary))
     timed = [
         d.name
         for d in run_dirs

@@ -1,11 +1,6 @@
-"""`realm pipeline`: every stage from a corpus to a report, each skipped when its output already matches.
-
-    corpus -> warm start -> [QA: off-the-shelf index] -> [budget: calibration, then the plan] -> [ICT] -> REALM
-           pretraining (first index, asynchronous refresher) -> [QA: ICT and REALM indexes -> the start (the best
-           retriever by zero-shot recall) -> fine-tuning -> evaluation (dense, BM25, zero-shot recall)] -> examples
-           -> [ablations: ICT-only retriever, uniform masking, document tower trained (if the recipe fixes it),
-               frozen index; each fine-tuned and evaluated]
-    and the report, rewritten after every stage.
+"""`realm pipeline`: every stage from a corpus to a report, each skipped when its output already matches. The stages
+before the plan (corpus, warm start, with QA data its index, with a budget the calibration), then those of the
+table (pipeline/stage_table.py) in its order, and the report, rewritten after every stage.
 
 Each stage writes into `<run>/<stage>/` and finishes by writing `<run>/stages/<stage>.json` (its fingerprint,
 duration and results) atomically; the fingerprint covers the stage's settings, the content of its input files and
@@ -30,7 +25,7 @@ from realm.index.mips import MipsIndex
 from realm.models.mlm_reader import Reader
 from realm.models.retriever import Retriever
 from realm.pipeline import work as stage_work
-from realm.pipeline.ablations import ablation_variants
+from realm.pipeline.ablations import arm_of, measured_by, paired_exact_match, paired_measures, predictions
 from realm.pipeline.calibrate import calibrate, calibration_settings
 from realm.pipeline.estimate import (
     MIN_EVAL_QUESTIONS,
@@ -42,6 +37,7 @@ from realm.pipeline.estimate import (
 from realm.pipeline.pace import RunClock, StageTiming
 from realm.pipeline.plan import PipelineOptions, PipelinePlan, plan_run
 from realm.pipeline.report import write_report
+from realm.pipeline.stage_table import INDEXES_BUILT_BY, Stage, kind_of, run_stages
 from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metrics
 from realm.recipes.finetune_qa import qa_settings
 from realm.recipes.ict import ict_settings, train_ict
@@ -106,7 +102,6 @@ class Pipeline:
 
     def warm_start(self) -> StageRecord:
         """Both towers and the reader as the later stages start from them, saved so every stage reads the same."""
-
         preset = self.base_preset
 
         def work(folder: Path, resume: bool) -> dict:
@@ -181,6 +176,7 @@ class Pipeline:
         reader: Path | None = None,
         evaluate: bool = False,
         timed: TimedSteps | None = None,
+        compared_with: str | None = None,
     ) -> StageRecord:
         """Open-QA fine-tuning over a frozen index, its steps ending by `timed` (None: the preset's), and for the
         ablations dense evaluation on the dev sample."""
@@ -188,7 +184,7 @@ class Pipeline:
         evaluated = self.dev_sample() if evaluate else None
 
         def work(folder: Path, resume: bool) -> dict:
-            return stage_work.finetune(
+            result = stage_work.finetune(
                 model_folder,
                 index_folder,
                 reader,
@@ -201,11 +197,16 @@ class Pipeline:
                 evaluated,
                 timed,
             )
+            if compared_with is None:
+                return result
+            theirs = predictions(self.run_dir, compared_with)  # an arm's exact match, paired as it finishes
+            return result | {"paired": paired_exact_match(theirs, predictions(self.run_dir, name)).to_dict()}
 
         settings = qa_settings(preset) | {
             "after": [r.fingerprint for r in after],
             "evaluate": len(evaluated) if evaluated is not None else False,
             "reader": str(reader) if reader else None,
+            "compared_with": compared_with,
             "data": [describe_input(str(path)) for path in self.qa_files],
             "held_out": self.selection(),
         }
@@ -309,7 +310,6 @@ class Pipeline:
 
     def examples(self, preset: Preset, realm: StageRecord) -> StageRecord:
         """The paper's Table 3 in miniature, and masked-span accuracy with and without retrieval (held out)."""
-
         assert self.plan is not None
         timing = self.timed("examples")  # with a budget: up to SCORED_SENTENCES, until the stage's end
         sentences = self.plan.work.scored_sentences if timing is None else SCORED_SENTENCES
@@ -330,37 +330,30 @@ class Pipeline:
         assert self.plan is not None
         return stage_work.dev_sample(self.qa_dev, self.plan.work.eval_questions)
 
-    def ablations(
-        self,
-        realm_preset: Preset,
-        qa_preset: Preset,
-        start: StageRecord,
-        start_index: StageRecord,
-        warm: StageRecord,
-        corpus: StageRecord,
-    ) -> None:
-        """The paper's ablations (ablations.py), each fine-tuned and evaluated. Every ablated run trains exactly as
-        long as the main one it is compared with (`realm_preset`, `qa_preset`: the steps the run's pace gave the main
-        REALM and QA stages): pacing each on its own gave the later ones 5-30% more steps, which the comparison
-        would have read as their effect."""
-        self.finetune(
-            "qa_ict",
-            self.stages.output(start),
-            self.stages.output(start_index, "index"),
-            qa_preset,
-            [start_index],
-            reader=self.stages.output("warm_start", "reader"),
-            evaluate=True,
-        )
-        for variant, changes in ablation_variants(realm_preset.pretrain).items():
-            varied = dataclasses.replace(realm_preset, pretrain=dataclasses.replace(realm_preset.pretrain, **changes))
-            pretrained = self.pretrain(f"realm_{variant}", varied, start, warm)
-            retriever = self.stages.output(pretrained, "retriever")
-            index = self.index(f"realm_{variant}_index", retriever, realm_preset, [pretrained, corpus])
-            index_folder = self.stages.output(index, "index")
-            self.finetune(
-                f"qa_{variant}", self.stages.output(pretrained), index_folder, qa_preset, [index], evaluate=True
+    def measure(self, name: str, pretrained: StageRecord, index: StageRecord, preset: Preset) -> StageRecord:
+        """An arm's zero-shot recall on every dev question and its masked-LM gain on the held-out sentences the main
+        run scored: Table 2's columns, paired with the main run's (ablations.py: measure_rows)."""
+        sentences = self.stages.records["examples"].result["scored_sentences"]
+        arm = arm_of(name)
+        ours = arm.compared_with(preset.pretrain)
+
+        def work(folder: Path, resume: bool) -> dict:
+            corpus, index_folder = self.stages.output("corpus"), self.stages.output(index, "index")
+            measured = stage_work.arm_measures(
+                corpus, self.stages.output(pretrained), index_folder, self.qa_dev, preset, sentences, folder
             )
+            records = {n: s.result for n, s in self.stages.records.items()} | {name: measured}
+            mine = measured_by(f"qa_{arm.name}", records, self.run_dir)
+            return measured | {"paired": paired_measures(measured_by(ours, records, self.run_dir), mine)}
+
+        settings = {
+            "after": [pretrained.fingerprint, index.fingerprint],
+            "sentences": sentences,
+            "compared_with": ours,
+            "scoring": stage_work.SCORING,
+            "data": describe_input(str(self.qa_files[-1])),
+        }
+        return self.stages.run(name, settings, work)
 
     # -- the run --------------------------------------------------------------------------------------
     def report(self, complete: bool) -> Path | None:
@@ -375,7 +368,6 @@ class Pipeline:
     def calibration(self, corpus: StageRecord, warm: StageRecord, warm_index: StageRecord | None) -> dict | None:
         """This machine's stage costs, measured on a sample of the run's data, QA on the off-the-shelf index of the
         whole corpus (`warm_index`: the reader's blocks are those retrieval picks there) (None: too little data)."""
-
         preset = self.base_preset
 
         def work(folder: Path, resume: bool) -> dict:
@@ -422,57 +414,87 @@ class Pipeline:
     def trained(self, stage: str, preset: Preset) -> Preset:
         """`preset` with the steps `stage` trained (its steps.json), for a run compared with it."""
         steps = read_steps(self.run_dir / stage)
-        return trained_preset(preset, stage, steps["trained"]) if steps is not None else preset
+        return trained_preset(preset, kind_of(stage), steps["trained"]) if steps is not None else preset
 
     def run(self) -> Path:
-        corpus = self.corpus()
-        warm = self.warm_start()
-        # the off-the-shelf index over the whole corpus: QA is calibrated on it, then measured against it
-        warm_index = (
-            self.index(
-                "baseline_index", self.stages.output("warm_start", "retriever"), self.base_preset, [warm, corpus]
-            )
-            if self.qa_train
-            else None
-        )
-        calibration = self.calibration(corpus, warm, warm_index) if self.options.budget_minutes else None
-        work = Workload(
-            corpus.result["blocks"], len(self.qa_train), len(self.qa_dev), self.options.ablations, len(self.qa_held_out)
-        )
-        self.plan = self.make_plan(work, calibration)
-        preset = self.plan.preset
-        self.echo(f"[pipeline] plan: {self.plan.describe()}")
-        start = self.ict(*self.sized("ict"), warm, corpus) if preset.ict.steps else warm
-        realm_preset, realm_timed = self.sized("realm")
-        realm = self.pretrain("realm", realm_preset, start, warm, realm_timed)
-        if warm_index is not None:
-            start_index = warm_index
-            retrievers = {"off-the-shelf": (warm_index, self.stages.output("warm_start", "retriever"))}
-            if preset.ict.steps:
-                start_index = self.index("ict_index", self.stages.output("ict", "retriever"), preset, [start, corpus])
-                retrievers["ICT"] = (start_index, self.stages.output("ict", "retriever"))
-            realm_index = self.index("realm_index", self.stages.output("realm", "retriever"), preset, [realm, corpus])
-            retrievers["REALM"] = (realm_index, self.stages.output("realm", "retriever"))
-            chosen = self.qa_start(preset, retrievers)
-            index_stage, retriever_folder = retrievers[chosen.result["retriever"]]
-            index_folder = self.stages.output(index_stage, "index")
-            reader = self.stages.output(QA_READERS[chosen.result["reader"]], "reader")
-            after = [chosen]
-            # the reader first reads answer-bearing blocks (recipes/reading.py); not with --ablations, whose arms
-            # fine-tune without it: the arms and the main run compared like for like
-            if preset.reading.total_steps(len(self.qa_train)) and not self.options.ablations:
-                read = self.read(*self.sized("read"), retriever_folder.parent, index_folder, reader, chosen)
-                reader, after = self.stages.output(read, "reader"), [chosen, read]
-            qa_preset, qa_timed = self.sized("qa")
-            qa = self.finetune(
-                "qa", retriever_folder.parent, index_folder, qa_preset, after, reader=reader, timed=qa_timed
-            )
-            self.evaluate(preset, qa, retrievers, index_folder)
-        self.examples(preset, realm)
-        if self.options.ablations:
-            realm_trained, qa_trained = self.trained("realm", realm_preset), self.trained("qa", qa_preset)
-            self.ablations(realm_trained, qa_trained, start, start_index, warm, corpus)
+        """The stages before the plan, the plan, then every stage of the table (stage_table.py) in its order."""
+        done = self.before_plan()
+        assert self.plan is not None
+        for stage in run_stages(self.plan.preset, self.plan.work):
+            done[stage.name] = self.run_stage(stage, done)
         report = self.report(complete=True)
         assert report is not None  # the plan exists by now
         self.echo(f"[pipeline] report: {report} (and {report.with_suffix('.html').name})")
         return report
+
+    def before_plan(self) -> dict[str, StageRecord]:
+        """The corpus, the warm start, with QA data its index over the whole corpus (QA is calibrated on it, then
+        measured against it), with a budget this machine's costs; then the plan."""
+        corpus = self.corpus()
+        warm = self.warm_start()
+        done = {"corpus": corpus, "warm_start": warm}
+        if self.qa_train:
+            retriever = self.stages.output("warm_start", "retriever")
+            done["baseline_index"] = self.index("baseline_index", retriever, self.base_preset, [warm, corpus])
+        calibration = (
+            self.calibration(corpus, warm, done.get("baseline_index")) if self.options.budget_minutes else None
+        )
+        work = Workload(
+            corpus.result["blocks"], len(self.qa_train), len(self.qa_dev), self.options.ablations, len(self.qa_held_out)
+        )
+        self.plan = self.make_plan(work, calibration)
+        self.echo(f"[pipeline] plan: {self.plan.describe()}")
+        return done
+
+    def retrievers(self, done: dict[str, StageRecord]) -> dict[str, tuple[StageRecord, Path]]:
+        """The retrievers QA starts from one of and the evaluation measures, in stage order: label -> (its index
+        stage, the retriever that built it)."""
+        built = INDEXES_BUILT_BY.items()
+        return {
+            label: (done[i], self.stages.output(trainer, "retriever")) for i, (label, trainer) in built if i in done
+        }
+
+    def run_stage(self, stage: Stage, done: dict[str, StageRecord]) -> StageRecord:
+        """One stage of the table, from the records of the stages before it (`done`). An arm's trainers replay the
+        steps of the main stage it is compared with (`trained`); the main ones are sized by the run's clock."""
+        assert self.plan is not None
+        preset, reads = self.plan.preset, [done[name] for name in stage.reads]
+        if stage.kind == "ict":
+            return self.ict(*self.sized("ict"), done["warm_start"], done["corpus"])
+        if stage.kind == "realm" and stage.arm is None:
+            realm_preset, timed = self.sized("realm")
+            return self.pretrain("realm", realm_preset, reads[0], done["warm_start"], timed)
+        realm_trained = self.trained("realm", self.sized("realm")[0]) if stage.arm else preset
+        if stage.kind == "realm":
+            return self.pretrain(stage.name, stage.preset(realm_trained), reads[0], done["warm_start"])
+        if stage.name.endswith("_index"):
+            return self.index(stage.name, self.stages.output(reads[0], "retriever"), preset, reads)
+        if stage.name.startswith("measure_"):
+            return self.measure(stage.name, reads[0], reads[1], stage.preset(realm_trained))
+        if stage.name == "qa_start":
+            return self.qa_start(preset, self.retrievers(done))
+        if stage.name == "examples":
+            return self.examples(preset, done["realm"])
+        chosen = done["qa_start"]
+        index_stage, retriever_folder = self.retrievers(done)[chosen.result["retriever"]]
+        index_folder = self.stages.output(index_stage, "index")
+        reader = self.stages.output(QA_READERS[chosen.result["reader"]], "reader")
+        if stage.name == "read":
+            return self.read(*self.sized("read"), retriever_folder.parent, index_folder, reader, chosen)
+        if stage.name == "eval":
+            return self.evaluate(preset, done["qa"], self.retrievers(done), index_folder)
+        if stage.name == "qa":
+            after = [chosen, done["read"]] if "read" in done else [chosen]
+            reader = self.stages.output(done["read"], "reader") if "read" in done else reader
+            qa_preset, timed = self.sized("qa")
+            return self.finetune(
+                "qa", retriever_folder.parent, index_folder, qa_preset, after, reader=reader, timed=timed
+            )
+        assert stage.kind == "qa" and stage.arm is not None, stage.name
+        qa_trained = self.trained("qa", self.sized("qa")[0])
+        ours = arm_of(stage.name).compared_with(preset.pretrain)  # the system the arm is compared with
+        pretrained, arm_index = reads  # the arm without REALM pretraining: REALM's start and its index
+        # ... with the main arm's reader start (REALM's): the retriever alone differs
+        realm_reader = self.stages.output("realm", "reader") if not stage.changes else None
+        start, index = self.stages.output(pretrained), self.stages.output(arm_index, "index")
+        return self.finetune(stage.name, start, index, qa_trained, [arm_index], realm_reader, True, None, ours)

@@ -365,6 +365,39 @@ def held_out_scoring(corpus: Path, realm_run: Path, preset: Preset) -> tuple:
     return model, held_out, store, MipsIndex(realm_run / "index"), SpanFinder(store, model.retriever.tokenizer)
 
 
+def arm_measures(
+    corpus: Path,
+    realm_run: Path,
+    index_dir: Path,
+    dev: Sequence[QAExample],
+    preset: Preset,
+    sentences: int,
+    folder: Path,
+) -> dict:
+    """An ablation arm's Table 2 columns, each to be paired with the main run's: its retriever's zero-shot ranks on
+    every dev question over the index its document tower built (`index_dir`; written to `folder`), and its
+    masked-LM gain on the first `sentences` held-out sentences in the order the main run scored them."""
+    ranks = zero_shot_ranks(index_dir, realm_run / "retriever", dev, max(RECALL_KS), preset)
+    write_json_atomic(folder / "zero_shot_ranks.json", {"REALM": ranks})  # per dev question, in file order
+    model, held_out, store, index, finder = held_out_scoring(corpus, realm_run, preset)
+    k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
+    scored = masked_span_accuracy(
+        model,
+        held_out.shuffled(SCORING["sample_seed"]),
+        store,
+        index,
+        k,
+        tokens,
+        masks,
+        limit=sentences,
+        finder=finder,
+        every_span=SCORING["every_span"],
+    )
+    scored["per_sentence_gain"] = [round(g, 4) for g in scored["per_sentence_gain"]]
+    recall = {key: round(value, 2) for key, value in recall_from_ranks(ranks, RECALL_KS).items()}
+    return {"zero_shot": recall, "with_retrieval": scored, "scored_sentences": scored["sentences"]}
+
+
 def pretraining_examples(
     corpus: Path, realm_run: Path, preset: Preset, sentences: int, deadline: Deadline | None = None, least: int = 0
 ) -> dict:
