@@ -167,14 +167,11 @@ def estimate(preset: Preset, work: Workload) -> list[StageEstimate]:
     return [StageEstimate(s.name, *s.cost(s.preset(preset), work)) for s in run_stages(preset, work)]
 
 
-_MAIN_KINDS = {"ict": "ict", "realm": "realm", "read": "read", "qa": "qa"}
-
-
 def kind_of(stage: str) -> str | None:
     """The kind of training step `stage` takes ("ict", "realm", "read", "qa"), None for a stage without steps
     (an index, choosing a start, scoring) or one this table does not hold: each kind is paced by its own steps."""
-    if stage in _MAIN_KINDS:
-        return _MAIN_KINDS[stage]
+    if stage in ("ict", "realm", "read", "qa"):  # each main trainer's stage is named for its kind
+        return stage
     for arm in ARMS:
         if stage == f"qa_{arm.name}":
             return "qa"

@@ -365,6 +365,37 @@ def held_out_scoring(corpus: Path, realm_run: Path, preset: Preset) -> tuple:
     return model, held_out, store, MipsIndex(realm_run / "index"), SpanFinder(store, model.retriever.tokenizer)
 
 
+def score_held_out(
+    model: RealmModel,
+    held_out: SentenceSet,
+    store: BlockStore,
+    index: MipsIndex,
+    finder: SpanFinder,
+    preset: Preset,
+    sentences: int,
+    until: TimeLimit | None = None,
+) -> dict:
+    """Masked-span accuracy with retrieval and with the null document alone (candidate 0 of the same pass) on the
+    first `sentences` held-out sentences in SCORING's seeded order (until `until` fits no more), with each
+    sentence's gain kept, rounded, for a rerun or an ablation arm to pair with."""
+    k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
+    scored = masked_span_accuracy(
+        model,
+        held_out.shuffled(SCORING["sample_seed"]),
+        store,
+        index,
+        k,
+        tokens,
+        masks,
+        limit=sentences,
+        finder=finder,
+        every_span=SCORING["every_span"],
+        until=until,
+    )
+    scored["per_sentence_gain"] = [round(g, 4) for g in scored["per_sentence_gain"]]
+    return scored
+
+
 def arm_measures(
     corpus: Path,
     realm_run: Path,
@@ -380,20 +411,7 @@ def arm_measures(
     ranks = zero_shot_ranks(index_dir, realm_run / "retriever", dev, max(RECALL_KS), preset)
     write_json_atomic(folder / "zero_shot_ranks.json", {"REALM": ranks})  # per dev question, in file order
     model, held_out, store, index, finder = held_out_scoring(corpus, realm_run, preset)
-    k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
-    scored = masked_span_accuracy(
-        model,
-        held_out.shuffled(SCORING["sample_seed"]),
-        store,
-        index,
-        k,
-        tokens,
-        masks,
-        limit=sentences,
-        finder=finder,
-        every_span=SCORING["every_span"],
-    )
-    scored["per_sentence_gain"] = [round(g, 4) for g in scored["per_sentence_gain"]]
+    scored = score_held_out(model, held_out, store, index, finder, preset, sentences)
     recall = {key: round(value, 2) for key, value in recall_from_ranks(ranks, RECALL_KS).items()}
     return {"zero_shot": recall, "with_retrieval": scored, "scored_sentences": scored["sentences"]}
 
@@ -414,20 +432,7 @@ def pretraining_examples(
     k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
     examples = worked_examples(model, held_out, store, index, k, tokens, masks, pool=EXAMPLE_POOL, finder=finder)
     limit = deadline.limit(least) if deadline is not None else None  # its pace timed from here
-    scored = masked_span_accuracy(  # the null document alone is candidate 0 of the same pass
-        model,
-        held_out.shuffled(SCORING["sample_seed"]),
-        store,
-        index,
-        k,
-        tokens,
-        masks,
-        limit=sentences,
-        finder=finder,
-        every_span=SCORING["every_span"],
-        until=limit,
-    )
-    scored["per_sentence_gain"] = [round(g, 4) for g in scored["per_sentence_gain"]]  # for a rerun to pair with
+    scored = score_held_out(model, held_out, store, index, finder, preset, sentences, limit)
     write_model_card(realm_run, realm_run, pretraining_figures(scored, k))
     return {
         "held_out_sentences": len(held_out),  # with a maskable salient span
