@@ -131,6 +131,38 @@ def test_each_stage_is_allotted_what_is_left_less_the_stages_after_it_each_kind_
     assert timing.pace.steps["ict"] == PACE_BOUND
 
 
+def test_under_ablations_a_stage_shares_the_runs_delay_with_the_arms_that_replay_its_steps():
+    """The 120-minute --ablations run of 7a2364d: REALM's steps ran 1.37x slower than calibrated, and QA, allotted
+    what was left less the four QA arms at the plan's steps, got 0.18 of its steps (the arms then replayed those, and
+    the run would have ended far inside its budget). QA and its replays now share what is left, at one scale."""
+    from realm.pipeline.pace import time_stage
+    from realm.pipeline.stage_table import estimate
+
+    cpu = get_preset("cpu")
+    work = Workload(blocks=16772, qa_train=9074, qa_dev=1496, qa_held_out=500, ablations=True)
+    plan = dataclasses.replace(plan_pipeline(cpu, work, 120, spent_seconds=140.0), began=0.0)
+    planned = {s.name: s for s in plan.stages}
+    realm = planned["realm"]
+    stepping = {"realm": 1.37 * realm.steps * realm.step_seconds}
+    took = {"calibration": 140.0, "realm": realm.fixed_seconds + stepping["realm"]}
+    took |= {name: planned[name].seconds for name in ("realm_index", "qa_start")}
+    now = sum(took.values())
+    timing = time_stage(plan, cpu, "qa", took, {"realm": realm}, stepping, now)
+    replays = [name for name in planned if name.startswith("qa_") and name != "qa_start"]
+    assert len(replays) == 4  # the retriever, masking, document tower and index arms
+    at = {s.name: s for s in estimate(scale_preset(cpu, timing.scale, work.qa_train), plan.work)}
+    arms = sum(timing.pace.seconds(at[name]) for name in replays)
+    assert timing.allotted == pytest.approx(timing.pace.seconds(at["qa"]), rel=0.02)  # its share; the arms' after it
+    names = list(planned)
+    others = [name for name in names[names.index("qa") + 1 :] if name not in replays]
+    rest = sum(timing.pace.seconds(planned[name]) for name in others) + cpu.costs.fixed_seconds
+    assert now + timing.allotted + arms + rest == pytest.approx(120 * 60, abs=5.0)  # all of what is left, no more
+    assert 0.5 * plan.scale < timing.scale < plan.scale  # the delay spread over five, not taken by one
+    plain = dataclasses.replace(plan_pipeline(cpu, dataclasses.replace(work, ablations=False), 120), began=0.0)
+    alone = time_stage(plain, cpu, "qa", {"calibration": 140.0}, {}, {}, 140.0)
+    assert alone.allotted > 0 and "qa_ict" not in {s.name for s in plain.stages}  # no arms: as before
+
+
 def test_the_evaluation_and_the_examples_score_the_sample_that_fits_what_is_left():
     from realm.pipeline.estimate import MIN_EVAL_QUESTIONS, MIN_SCORED_SENTENCES, SCORED_SENTENCES
     from realm.pipeline.pace import time_stage

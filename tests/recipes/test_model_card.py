@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from realm.config import record_run_config
+from realm.pipeline.records import EvalRecord
 from realm.pipeline.work import qa_figures
 from realm.recipes.model_card import MINILM_HUB_ID, write_model_card
 
@@ -37,7 +38,7 @@ def test_cards_follow_the_weights_back_to_minilm_and_hold_the_settings_and_figur
         }
         for kind, em, r in (("dense", 29.28, 80.35), ("bm25", 26.67, 92.25), ("hybrid", 37.77, 95.05))
     }
-    write_model_card(tmp_path / "qa" / "best", tmp_path / "qa", qa_figures(evaluation))
+    write_model_card(tmp_path / "qa" / "best", tmp_path / "qa", qa_figures(EvalRecord.from_dict(evaluation)))
 
     pretrained = (tmp_path / "realm" / "README.md").read_text()
     assert f"base_model: {MINILM_HUB_ID}" in _front_matter(pretrained)

@@ -142,16 +142,17 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_compare(args: argparse.Namespace) -> int:
-    from realm.eval.qa import compare_predictions
+    from realm.eval.qa import PairedScore, compare_predictions
 
     result = compare_predictions(Path(args.a), Path(args.b))
     if args.json:
         print(json.dumps(result))
     else:
-        low, high = result["difference_95ci"]
+        paired = PairedScore.from_dict(result)
+        low, high = paired.interval
         print(
-            f"exact match {result['exact_match_a']} ({args.a}) vs {result['exact_match_b']} ({args.b}) on "
-            f"{result['questions']} questions: difference {result['difference']:+.2f}, 95% interval "
+            f"exact match {paired.exact_match_a} ({args.a}) vs {paired.exact_match_b} ({args.b}) on "
+            f"{paired.questions} questions: difference {paired.difference:+.2f}, 95% interval "
             f"[{low:+.2f}, {high:+.2f}]" + ("" if low > 0 or high < 0 else " (includes 0: no clear difference)")
         )
     return 0

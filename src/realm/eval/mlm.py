@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from itertools import islice
 
 import numpy as np
@@ -105,6 +105,84 @@ def sentence_points(rows: Sequence[int], differences: Sequence[float], tokens: i
     return 100 * summed / (tokens / len(summed))
 
 
+@dataclass(frozen=True)
+class SpanGroupGain:
+    """The retrieval gain over the masked spans of one of RECOVERABILITY (points, 95% bootstrap over spans)."""
+
+    spans: int
+    retrieval_gain: float
+    interval: tuple[float, float]
+
+    def to_dict(self) -> dict:
+        return {"spans": self.spans, "retrieval_gain": self.retrieval_gain, "retrieval_gain_95ci": list(self.interval)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SpanGroupGain:
+        low, high = data["retrieval_gain_95ci"]
+        return cls(data["spans"], data["retrieval_gain"], (low, high))
+
+
+@dataclass(frozen=True)
+class MaskedLMScore:
+    """Masked-token accuracy on held-out sentences with retrieval and with the null document alone, and the paired
+    gain, in the one JSON form `masked_span_accuracy` writes (`to_dict`) and a record's readers read (`from_dict`;
+    what a record written before a field lacks is None or empty). Accuracies and gains in points."""
+
+    retrieval_gain: float  # token accuracy with retrieval minus with the null document alone, the same masks
+    interval: tuple[float, float]  # its 95% bootstrap interval over sentences
+    sentences: int
+    spans: int | None = None
+    token_accuracy: float | None = None
+    span_accuracy: float | None = None
+    null_token_accuracy: float | None = None
+    null_span_accuracy: float | None = None
+    p_null: float | None = None
+    utility: float | None = None  # nats per mask
+    per_sentence_gain: list[float] | None = None  # in sentence order: runs scored alike compare paired
+    recoverable_share: float | None = None  # percent of the spans another document holds
+    retrieved_share: float | None = None  # percent of the spans a candidate holds
+    by_recoverability: dict[str, SpanGroupGain] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        data: dict = {}
+        if self.by_recoverability:
+            data["recoverable_share"] = self.recoverable_share
+            data["retrieved_share"] = self.retrieved_share
+            data["by_recoverability"] = {name: g.to_dict() for name, g in self.by_recoverability.items()}
+        for name in ("token_accuracy", "span_accuracy", "null_token_accuracy", "null_span_accuracy"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
+        data |= {"retrieval_gain": self.retrieval_gain, "retrieval_gain_95ci": list(self.interval)}
+        for name in ("p_null", "utility", "spans"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
+        data["sentences"] = self.sentences
+        if self.per_sentence_gain is not None:
+            data["per_sentence_gain"] = list(self.per_sentence_gain)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MaskedLMScore:
+        low, high = data["retrieval_gain_95ci"]
+        groups = data.get("by_recoverability", {})
+        return cls(
+            data["retrieval_gain"],
+            (low, high),
+            data["sentences"],
+            data.get("spans"),
+            data.get("token_accuracy"),
+            data.get("span_accuracy"),
+            data.get("null_token_accuracy"),
+            data.get("null_span_accuracy"),
+            data.get("p_null"),
+            data.get("utility"),
+            data.get("per_sentence_gain"),
+            data.get("recoverable_share"),
+            data.get("retrieved_share"),
+            {name: SpanGroupGain.from_dict(g) for name, g in groups.items()},
+        )
+
+
 def masked_span_accuracy(
     model: RealmModel,
     sentences: SentenceSet,
@@ -165,31 +243,36 @@ def masked_span_accuracy(
     low, high = bootstrap_interval(per_sentence)
     gain = float(per_sentence.mean())
     per_span = 100 * np.array(gains, dtype=np.float64) / np.maximum(1, masks)  # each span's difference, points
-    recoverability: dict = {}
+    by_recoverability: dict[str, SpanGroupGain] = {}
+    shares: tuple[float | None, float | None] = (None, None)
     if groups:
-        recoverability["recoverable_share"] = 100 * (1 - groups.count(RECOVERABILITY[2]) / len(groups))
-        recoverability["retrieved_share"] = 100 * groups.count(RECOVERABILITY[0]) / len(groups)
-        recoverability["by_recoverability"] = {}
+        shares = (
+            100 * (1 - groups.count(RECOVERABILITY[2]) / len(groups)),  # recoverable
+            100 * groups.count(RECOVERABILITY[0]) / len(groups),  # retrieved
+        )
         for group in RECOVERABILITY:
             values = per_span[[g == group for g in groups]]
-            recoverability["by_recoverability"][group] = {
-                "spans": len(values),
-                "retrieval_gain": float(values.mean()) if len(values) else 0.0,
-                "retrieval_gain_95ci": list(bootstrap_interval(values)) if len(values) else [0.0, 0.0],
-            }
-    return recoverability | {
-        "token_accuracy": 100 * correct_tokens / tokens,
-        "span_accuracy": 100 * correct_spans / spans,
-        "null_token_accuracy": 100 * correct_tokens / tokens - gain,
-        "null_span_accuracy": 100 * null_correct_spans / spans,
-        "retrieval_gain": gain,  # token accuracy points, paired over the same masks
-        "retrieval_gain_95ci": [low, high],
-        "p_null": p_null / spans,
-        "utility": utility / spans,
-        "spans": spans,
-        "sentences": len(per_sentence),
-        "per_sentence_gain": per_sentence.tolist(),  # points, in sentence order: runs scored alike compare paired
-    }
+            by_recoverability[group] = SpanGroupGain(
+                len(values),
+                float(values.mean()) if len(values) else 0.0,
+                bootstrap_interval(values) if len(values) else (0.0, 0.0),
+            )
+    return MaskedLMScore(
+        retrieval_gain=gain,
+        interval=(low, high),
+        sentences=len(per_sentence),
+        spans=spans,
+        token_accuracy=100 * correct_tokens / tokens,
+        span_accuracy=100 * correct_spans / spans,
+        null_token_accuracy=100 * correct_tokens / tokens - gain,
+        null_span_accuracy=100 * null_correct_spans / spans,
+        p_null=p_null / spans,
+        utility=utility / spans,
+        per_sentence_gain=per_sentence.tolist(),
+        recoverable_share=shares[0],
+        retrieved_share=shares[1],
+        by_recoverability=by_recoverability,
+    ).to_dict()
 
 
 @dataclass(frozen=True)
@@ -209,6 +292,10 @@ class WorkedExample:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> WorkedExample:
+        return cls(**data)
 
 
 def probability_raise(log_p_null: float, log_p_top: float) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from realm.common.io import write_atomic
@@ -35,6 +35,79 @@ def outcome(prediction: str, example: QAExample, retrieved: bool, rule: str = "o
         words = set(normalize_answer(prediction, rule).split())
         overlaps = any(words & set(normalize_answer(answer, rule).split()) for answer in example.answers)
     return "read_not_exact" if overlaps else "retrieved_not_read"
+
+
+def _interval(values: Sequence[float] | None) -> tuple[float, float] | None:
+    return (values[0], values[1]) if values else None
+
+
+@dataclass(frozen=True)
+class QAScore:
+    """One system's open-QA figures on the questions it answered, in the one JSON form `summarise` writes
+    (`to_dict`) and every reader of a record reads (`from_dict`; what a record written before a field lacks is None
+    or empty)."""
+
+    exact_match: float  # percent
+    interval: tuple[float, float] | None = None  # its 95% bootstrap interval over the questions
+    rule: str | None = None  # the exact-match normaliser (qa_examples.EXACT_MATCH_RULES)
+    recall: dict[int, float] = field(default_factory=dict)  # k -> percent with an answer-bearing block in the top k
+    outcomes: dict[str, float] = field(default_factory=dict)  # each of OUTCOMES -> percent of the questions
+    questions: int | None = None
+    reader_top_k: int | None = None
+    seconds: float | None = None
+
+    def to_dict(self) -> dict:
+        data: dict = {"exact_match": self.exact_match}
+        if self.interval is not None:
+            data["exact_match_95ci"] = list(self.interval)
+        if self.rule is not None:
+            data["exact_match_rule"] = self.rule
+        data |= {f"recall@{k}": value for k, value in self.recall.items()}
+        if self.outcomes:
+            data["outcomes"] = dict(self.outcomes)
+        for name in ("questions", "reader_top_k", "seconds"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> QAScore:
+        return cls(
+            data["exact_match"],
+            _interval(data.get("exact_match_95ci")),
+            data.get("exact_match_rule"),
+            {int(key.removeprefix("recall@")): value for key, value in data.items() if key.startswith("recall@")},
+            dict(data.get("outcomes", {})),
+            data.get("questions"),
+            data.get("reader_top_k"),
+            data.get("seconds"),
+        )
+
+
+@dataclass(frozen=True)
+class PairedScore:
+    """Exact match of two systems over the same questions and their paired difference a - b with its 95% bootstrap
+    interval (an interval that excludes 0: a real difference at that level), in `compare_predictions`' JSON form."""
+
+    exact_match_a: float
+    exact_match_b: float
+    difference: float
+    interval: tuple[float, float]
+    questions: int
+
+    def to_dict(self) -> dict:
+        return {
+            "exact_match_a": self.exact_match_a,
+            "exact_match_b": self.exact_match_b,
+            "difference": self.difference,
+            "difference_95ci": list(self.interval),
+            "questions": self.questions,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PairedScore:
+        low, high = data["difference_95ci"]
+        return cls(data["exact_match_a"], data["exact_match_b"], data["difference"], (low, high), data["questions"])
 
 
 @dataclass(frozen=True)
@@ -93,21 +166,22 @@ def summarise(
     answered: Sequence[AnsweredQuestion], recall_ks: Sequence[int], reader_top_k: int, exact_match: str, seconds: float
 ) -> dict:
     """Exact match with its 95% bootstrap interval over questions, recall@k, the share of each outcome (percentages
-    rounded to 0.01), the `exact_match` rule and the `seconds` answering took."""
+    rounded to 0.01), the `exact_match` rule and the `seconds` answering took, in QAScore's JSON form."""
     ks = sorted(set(recall_ks) | {reader_top_k})
     outcomes = [a.outcome for a in answered]
     correct = [o == "exact_match" for o in outcomes]
     low, high = bootstrap_interval([100.0 * ok for ok in correct])
-    return {
-        "exact_match": round(100.0 * sum(correct) / len(answered), 2),
-        "exact_match_95ci": [round(low, 2), round(high, 2)],
-        "exact_match_rule": exact_match,
-        **{name: round(value, 2) for name, value in recall_from_ranks([a.first_hit for a in answered], ks).items()},
-        "outcomes": {name: round(100.0 * outcomes.count(name) / len(answered), 2) for name in OUTCOMES},
-        "questions": len(answered),
-        "reader_top_k": reader_top_k,
-        "seconds": round(seconds, 1),
-    }
+    recall = recall_from_ranks([a.first_hit for a in answered], ks)  # in the order of ks
+    return QAScore(
+        round(100.0 * sum(correct) / len(answered), 2),
+        (round(low, 2), round(high, 2)),
+        exact_match,
+        {k: round(value, 2) for k, value in zip(ks, recall.values(), strict=True)},
+        {name: round(100.0 * outcomes.count(name) / len(answered), 2) for name in OUTCOMES},
+        len(answered),
+        reader_top_k,
+        round(seconds, 1),
+    ).to_dict()
 
 
 def write_predictions(path: Path, answered: Sequence[AnsweredQuestion]) -> None:
@@ -139,7 +213,7 @@ def compare_predictions(a: Path, b: Path, shared: bool = False) -> dict:
     95% bootstrap interval (an interval that excludes 0: a real difference at that level). `shared`: pair the
     questions both files hold (a question: its text, references and occurrence), in `a`'s order, as when one run
     answered dev until its clock ran out and another a fixed sample of it; otherwise the files must hold the same
-    questions in the same order."""
+    questions in the same order. In PairedScore's JSON form."""
     rows = [_scored_questions(Path(path)) for path in (a, b)]
     if shared:
         in_b = dict(rows[1])
@@ -150,13 +224,13 @@ def compare_predictions(a: Path, b: Path, shared: bool = False) -> dict:
         raise ValueError(f"{a} and {b} do not hold the same questions in the same order")
     (em_a, em_b) = ([v for _, v in r] for r in rows)
     difference, (low, high) = paired_difference(em_a, em_b)
-    return {
-        "exact_match_a": round(sum(em_a) / len(em_a), 2),
-        "exact_match_b": round(sum(em_b) / len(em_b), 2),
-        "difference": round(difference, 2),
-        "difference_95ci": [round(low, 2), round(high, 2)],
-        "questions": len(em_a),
-    }
+    return PairedScore(
+        round(sum(em_a) / len(em_a), 2),
+        round(sum(em_b) / len(em_b), 2),
+        round(difference, 2),
+        (round(low, 2), round(high, 2)),
+        len(em_a),
+    ).to_dict()
 
 
 def _scored_questions(path: Path) -> list[tuple[tuple, float]]:

@@ -10,9 +10,11 @@ from pathlib import Path
 
 from realm.config import PretrainConfig
 from realm.eval.intervals import paired_difference
-from realm.eval.qa import compare_predictions
+from realm.eval.mlm import MaskedLMScore
+from realm.eval.qa import PairedScore, compare_predictions
 from realm.pipeline.curves import plot_runs
 from realm.pipeline.document import ReportDocument
+from realm.pipeline.records import EvalRecord
 from realm.pipeline.stage_table import ARMS, MAIN_QA, Arm, arms
 from realm.training.metrics import read_metrics
 
@@ -100,9 +102,8 @@ def paired(ours: list[float], other: list[float]) -> PairedFigure:
 
 def paired_exact_match(ours: Path, other: Path) -> PairedFigure:
     """Dense exact match of two predictions files over the dev questions both answered."""
-    p = compare_predictions(ours, other, shared=True)
-    low, high = p["difference_95ci"]
-    return PairedFigure(p["exact_match_a"], p["exact_match_b"], p["difference"], (low, high), p["questions"])
+    p = PairedScore.from_dict(compare_predictions(ours, other, shared=True))
+    return PairedFigure(p.exact_match_a, p.exact_match_b, p.difference, p.interval, p.questions)
 
 
 def _hits(ranks: list[int | None], k: int = 5) -> list[float]:
@@ -127,7 +128,7 @@ def measured_by(stage: str, records: dict, run_dir: Path) -> tuple[list, list]:
         measured = f"measure_{stage.removeprefix('qa_')}"
         folder, scored = run_dir / measured, records[measured]
     ranks = json.loads((folder / "zero_shot_ranks.json").read_text())["REALM"]
-    return ranks, scored["with_retrieval"]["per_sentence_gain"]
+    return ranks, MaskedLMScore.from_dict(scored["with_retrieval"]).per_sentence_gain or []
 
 
 def arm_of(stage: str) -> Arm:
@@ -185,15 +186,13 @@ class MeasureRow:
         return [a.what, f"{a.ours} vs {a.other}", *recall, *gain, *counts]
 
 
-def _start_recall(ev: dict) -> PairedFigure | None:
+def _start_recall(ev: EvalRecord) -> PairedFigure | None:
     """REALM's retriever against its start, zero-shot recall@5 on every dev question (the evaluation's record)."""
-    paired_recall = ev.get("realm_vs_start", {}).get("recall@5")
-    if not paired_recall:
+    paired_recall = ev.realm_vs_start.recall.get(5) if ev.realm_vs_start else None
+    if ev.realm_vs_start is None or paired_recall is None:
         return None
-    start = ev["realm_vs_start"]["start"]
-    ours, other = (ev[f"zero_shot/{label}"]["recall@5"] for label in ("REALM", start))
-    low, high = paired_recall["difference_95ci"]
-    return PairedFigure(ours, other, paired_recall["difference"], (low, high), ev["questions"]["dev"])
+    ours, other = (ev.zero_shot[label][5] for label in ("REALM", ev.realm_vs_start.start))
+    return PairedFigure(ours, other, paired_recall.difference, paired_recall.interval, ev.answered.dev)
 
 
 def measure_rows(r: dict, pretrain: PretrainConfig, ict: bool) -> list[MeasureRow]:
@@ -203,7 +202,7 @@ def measure_rows(r: dict, pretrain: PretrainConfig, ict: bool) -> list[MeasureRo
     for a in ablations(pretrain, ict):
         arm = arm_of(a.other_stage)
         if arm.changes is None:  # no REALM pretraining: REALM's retriever against its start, no masked-LM model
-            rows.append(MeasureRow(a, _start_recall(r["eval"]) if "eval" in r else None, None))
+            rows.append(MeasureRow(a, _start_recall(EvalRecord.from_dict(r["eval"])) if "eval" in r else None, None))
             continue
         measured = r.get(f"measure_{arm.name}", {}).get("paired")
         recall, gain = (

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from realm.common.provenance import PACKAGE, describe_commit
 from realm.eval.intervals import paired_difference
+from realm.pipeline.records import EvalRecord, ExamplesRecord
 from realm.pipeline.report import BUDGET_BAND
 from realm.pipeline.results_page import SEEDS_SUMMARY, command_of, load_records, machine_of
 
@@ -103,17 +104,6 @@ class Comparison:
         return f"  {self.name:<42} {self.shown:>12}   {self.expected:<60} {'agrees' if self.agrees else 'DIFFERS'}"
 
 
-def _interval(values: list[float] | None) -> tuple[float, float] | None:
-    return (float(values[0]), float(values[1])) if values else None
-
-
-def _outcomes(outcomes: dict | None, system: str) -> dict[int, float] | None:
-    """A system's exact match per dev row (100 or 0), from the eval record's compact outcomes."""
-    if not outcomes or system not in outcomes:
-        return None
-    return {row: 100.0 * (mark == "1") for row, mark in zip(outcomes["rows"], outcomes[system], strict=True)}
-
-
 def run_figures(run_dir: Path) -> dict[str, Figure]:
     """The figures of a finished run a README row reports, by name."""
     plan, stages = load_records(run_dir)
@@ -123,24 +113,19 @@ def run_figures(run_dir: Path) -> dict[str, Figure]:
     if finished and plan.get("began") and plan.get("budget_minutes"):
         budget = plan["budget_minutes"]
         found.append(Figure(f"minutes taken of {budget:g}", (finished - plan["began"]) / 60, None, budget=budget))
-    ev = r.get("eval", {})
+    ev = EvalRecord.from_dict(r["eval"]) if "eval" in r else None
     for system in ("hybrid", "dense", "bm25"):
-        if ev.get(system, {}).get("exact_match_95ci"):  # records before every system had its interval: hybrid
-            em = ev[system]
-            items = _outcomes(ev.get("outcomes"), system)
-            found.append(
-                Figure(f"exact match, {system}", em["exact_match"], _interval(em["exact_match_95ci"]), None, items)
-            )
-    for k, gain in ev.get("realm_vs_start", {}).items():
-        if k.startswith("recall@"):
-            name = f"REALM minus its start, zero-shot {k}"
-            found.append(Figure(name, gain["difference"], _interval(gain["difference_95ci"])))
-    scored = r.get("examples", {}).get("with_retrieval")
-    if scored:
-        gains = scored.get("per_sentence_gain")  # in the seeded order: the same first sentences in every run
+        score = ev.systems.get(system) if ev else None
+        if ev and score and score.interval:  # records before every system had its interval: hybrid
+            items = ev.outcomes.exact_match_by_row(system) if ev.outcomes else None
+            found.append(Figure(f"exact match, {system}", score.exact_match, score.interval, None, items))
+    for k, gain in (ev.realm_vs_start.recall if ev and ev.realm_vs_start else {}).items():
+        found.append(Figure(f"REALM minus its start, zero-shot recall@{k}", gain.difference, gain.interval))
+    if "examples" in r:
+        scored = ExamplesRecord.from_dict(r["examples"]).with_retrieval
+        gains = scored.per_sentence_gain  # in the seeded order: the same first sentences in every run
         items = dict(enumerate(gains)) if gains else None  # points
-        value, interval = scored["retrieval_gain"], _interval(scored["retrieval_gain_95ci"])
-        found.append(Figure("held-out masked-LM gain", value, interval, None, items))
+        found.append(Figure("held-out masked-LM gain", scored.retrieval_gain, scored.interval, None, items))
     return {f.name: f for f in found}
 
 

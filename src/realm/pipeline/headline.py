@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from realm.data.question_sets import PAPER_ROWS, QUESTION_SETS, QuestionSet
+from realm.eval.qa import QAScore
 from realm.pipeline.ablations import AblationRow
 from realm.pipeline.document import ReportDocument
 from realm.pipeline.plan import PipelinePlan
+from realm.pipeline.records import EvalRecord, ExamplesRecord, QAStart
 
 
 def _interval(bounds: Sequence[float], signed: bool = True) -> str:
@@ -33,7 +35,7 @@ def realm_added(r: dict, compared: list[AblationRow]) -> list[str]:
             f"({em.other:.2f}), dense retrieval, over the {em.items:,} dev questions both answered."
         )
     elif "eval" in r:
-        chosen = r.get("qa_start", {}).get("retriever", "REALM")
+        chosen = QAStart.from_dict(r["qa_start"]).retriever if "qa_start" in r else "REALM"
         lines.append(
             "REALM's effect on exact match is not measured in this run (`--ablations` fine-tunes its start too); "
             + (
@@ -43,39 +45,34 @@ def realm_added(r: dict, compared: list[AblationRow]) -> list[str]:
                 "tuning split: REALM's retriever is not in the exact match figures."
             )
         )
-    paired = r.get("eval", {}).get("realm_vs_start") or {}
-    if paired:
-        at5 = paired["recall@5"]
-        low, high = at5["difference_95ci"]
+    paired = EvalRecord.from_dict(r["eval"]).realm_vs_start if "eval" in r else None
+    if paired is not None:
+        at5, at20 = paired.recall[5], paired.recall[20]
+        low, high = at5.interval
         lines.append(
-            f"Zero-shot recall@5 on the dev questions, REALM's retriever minus its start ({paired['start']}): "
-            f"{at5['difference']:+.2f} {_interval((low, high))} points ({_verdict(low, high)}; recall@20: "
-            f"{paired['recall@20']['difference']:+.2f} {_interval(paired['recall@20']['difference_95ci'])})."
+            f"Zero-shot recall@5 on the dev questions, REALM's retriever minus its start ({paired.start}): "
+            f"{at5.difference:+.2f} {_interval((low, high))} points ({_verdict(low, high)}; recall@20: "
+            f"{at20.difference:+.2f} {_interval(at20.interval)})."
         )
-    scored = r.get("examples", {}).get("with_retrieval")
-    if scored:
-        low, high = scored["retrieval_gain_95ci"]
+    if "examples" in r:
+        scored = ExamplesRecord.from_dict(r["examples"]).with_retrieval
+        low, high = scored.interval
         lines.append(
-            f"Held-out masked-token accuracy with REALM's retrieval minus without: {scored['retrieval_gain']:+.2f} "
-            f"{_interval((low, high))} points over {scored['sentences']} sentences ({_verdict(low, high)})."
+            f"Held-out masked-token accuracy with REALM's retrieval minus without: {scored.retrieval_gain:+.2f} "
+            f"{_interval((low, high))} points over {scored.sentences} sentences ({_verdict(low, high)})."
         )
     return lines
 
 
 def headline(doc: ReportDocument, r: dict, plan: PipelinePlan, compared: list[AblationRow]) -> None:
     """The run's answer in a few lines: EM, what REALM added, and the paper's rows where they apply."""
-    ev = r.get("eval")
+    ev = EvalRecord.from_dict(r["eval"]) if "eval" in r else None
     if ev is not None:
-        chosen = QUESTION_SETS.get(ev.get("question_set") or "")
-        low, high = ev["hybrid"]["exact_match_95ci"]
-        asked = f"{ev['hybrid']['questions']:,} {chosen.name if chosen else 'dev'} questions"
-        systems = ", ".join(
-            f"{kind} {ev[kind]['exact_match']:.1f} {_interval(ev[kind]['exact_match_95ci'], signed=False)}"
-            for kind in ("dense", "bm25")
-        )
+        chosen = QUESTION_SETS.get(ev.question_set or "")
+        asked = f"{ev.hybrid.questions or ev.answered.evaluated:,} {chosen.name if chosen else 'dev'} questions"
+        systems = ", ".join(f"{kind} {_em(ev.systems[kind])}" for kind in ("dense", "bm25"))
         doc.paragraph(
-            f"**Open-QA exact match** on {asked}: hybrid retrieval {ev['hybrid']['exact_match']:.1f} "
-            f"{_interval((low, high), signed=False)}; {systems} (95% intervals)."
+            f"**Open-QA exact match** on {asked}: hybrid retrieval {_em(ev.hybrid)}; {systems} (95% intervals)."
         )
     added = realm_added(r, compared)
     if added:
@@ -84,12 +81,16 @@ def headline(doc: ReportDocument, r: dict, plan: PipelinePlan, compared: list[Ab
         paper_rows(doc, ev, plan, chosen)
 
 
-def paper_rows(doc: ReportDocument, ev: dict, plan: PipelinePlan, chosen: QuestionSet | None) -> None:
+def _em(score: QAScore) -> str:
+    return f"{score.exact_match:.1f}" + (f" {_interval(score.interval, signed=False)}" if score.interval else "")
+
+
+def paper_rows(doc: ReportDocument, ev: EvalRecord, plan: PipelinePlan, chosen: QuestionSet | None) -> None:
     """The paper's Table 1 column for the evaluated set (`chosen`: the named set evaluated, None for a user's
     file), beside this run's row, and the answer coverage."""
-    coverage = ev.get("answer_coverage")
+    coverage = ev.coverage
     covered = (
-        f"{coverage['percent']:.1f}% {_interval(coverage['percent_95ci'], signed=False)} of these questions have an "
+        f"{coverage.percent:.1f}% {_interval(coverage.interval, signed=False)} of these questions have an "
         "answer string in some block of this run's corpus (the ceiling of recall at any depth)"
         if coverage
         else None
@@ -106,7 +107,7 @@ def paper_rows(doc: ReportDocument, ev: dict, plan: PipelinePlan, chosen: Questi
     )
     ours = (
         "this run: hybrid retrieval, MiniLM-L6 towers and reader",
-        ev["hybrid"]["exact_match"],
+        ev.hybrid.exact_match,
         "68M (three MiniLM-L6 of 22.7M: query tower, document tower, reader)",
         f"this run's corpus, {plan.work.blocks:,} blocks of {plan.preset.corpus.max_block_tokens} wordpieces",
     )

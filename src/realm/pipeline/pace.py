@@ -146,7 +146,9 @@ def time_stage(
     too). `costed`: the preset unscaled, with the plan's costs; `took`: the seconds of every finished stage;
     `ran`: each finished training stage estimated at the steps it trained; `stepping`: the seconds each finished
     training stage spent in steps. A stage already late gets its least (QA: `qa_min_steps`, the measurements their
-    least samples): a run that fell behind overruns rather than hand back a reader that cannot read."""
+    least samples): a run that fell behind overruns rather than hand back a reader that cannot read. A main
+    trainer's stage shares what is left with the ablation arms that replay its steps (`replays`): they train as long
+    as it does, so they are sized with it and the run's delay is spread over all of them, not taken by it alone."""
     assert plan.deadline is not None
     work, c = plan.work, costed.costs
 
@@ -159,9 +161,10 @@ def time_stage(
     names = list(at_plan)
     if stage not in at_plan:  # a stage the table (stage_table.py) does not plan has no share of the budget
         raise ValueError(f"{stage!r} is not a stage of this run's plan ({', '.join(names)})")
-    after = names[names.index(stage) + 1 :]
-    rest = sum(pace.seconds(at_plan[name]) for name in after if name not in took) + c.fixed_seconds * pace.other
-    deadline = plan.deadline.earlier(rest)
+    after = [name for name in names[names.index(stage) + 1 :] if name not in took]
+    replays = [name for name in after if stage == kind_of(stage) and kind_of(name) == stage]  # run.py: trained
+    rest = sum(pace.seconds(at_plan[name]) for name in after if name not in replays) + c.fixed_seconds * pace.other
+    deadline = plan.deadline.earlier(rest)  # for this stage and its replays
     allotted = deadline.at - now
     timing = StageTiming(stage, now, allotted, pace)
     if stage == "eval":
@@ -175,12 +178,20 @@ def time_stage(
         return dataclasses.replace(timing, sample=int(min(SCORED_SENTENCES, max(MIN_SCORED_SENTENCES, fits))))
     if kind_of(stage) is None:
         return timing
-    scale = largest_fitting(lambda scale: pace.seconds(stages_at(scale)[stage]) <= allotted, 0.0, 1e3)
+
+    def seconds(scale: float, names: list[str]) -> float:
+        at = stages_at(scale)
+        return sum(pace.seconds(at[name]) for name in names)
+
+    scale = largest_fitting(lambda scale: seconds(scale, [stage, *replays]) <= allotted, 0.0, 1e3)
     qa_steps = costed.qa.total_steps(work.qa_train) if work.qa_train else 0
     least = MIN_TRAINING_STEPS
     if stage == "qa" and qa_steps >= qa_min_steps(costed.qa):
         least = qa_min_steps(costed.qa)
         scale = max(scale, least / qa_steps)
+    if replays:  # the arms' share, at the steps this stage trains, comes after it
+        deadline = deadline.earlier(seconds(scale, replays))
+        timing = dataclasses.replace(timing, allotted=deadline.at - now)
     sized = scale_preset(costed, scale, work.qa_train)
     sizing: dict = {"least_steps": least}
     if stage == "qa":  # its steps end before the held-out scoring and recall that follow the last of them

@@ -28,6 +28,7 @@ from realm.pipeline.document import ReportDocument
 from realm.pipeline.estimate import WARMUP_FINDING, reader_warmup_steps, retrieval_step_seconds
 from realm.pipeline.headline import headline
 from realm.pipeline.plan import PipelinePlan
+from realm.pipeline.records import ExamplesRecord
 from realm.pipeline.report_qa import qa_start_section, qa_tables, reader_training_section
 from realm.pipeline.stage_table import MAIN_QA, kind_of
 from realm.pipeline.stages import step_seconds
@@ -236,20 +237,20 @@ def _curves(doc: ReportDocument, run_dir: Path, records: dict) -> None:
                 doc.image(png, f"{stage} training curves")
 
 
-def _scored_sample(examples: dict) -> str:
+def _scored_sample(examples: ExamplesRecord) -> str:
     """Whether the held-out sentences scored are all of them or the plan's seeded sample."""
-    held_out = examples["held_out_sentences"]
-    if examples.get("scored_sentences", held_out) >= held_out:
+    if examples.all_scored:
         return ""
     return (
-        f"; a sample, drawn with a fixed seed, of the {held_out:,} held-out sentences with a salient span, sized by "
+        f"; a sample, drawn with a fixed seed, of the {examples.held_out_sentences:,} held-out sentences with a "
+        "salient span, sized by "
         "the plan to what the budget left after training (with a budget: scored until the stage's allotment ended)"
     )
 
 
-def _held_out_part(examples: dict) -> str:
+def _held_out_part(examples: ExamplesRecord) -> str:
     """Which held-out sentences a run scored: the test half of the held-out documents (a run before the split: all)."""
-    if examples.get("held_out_part") != "test":
+    if examples.held_out_part != "test":
         return ""
     return " in the test half of the held-out documents (the tuning half is for comparing settings)"
 
@@ -257,60 +258,57 @@ def _held_out_part(examples: dict) -> str:
 def _examples(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     """Masked-token accuracy on held-out sentences with and without retrieval, by where the span is; then the
     worked examples."""
-    ex, scored = r["examples"], r["examples"]["with_retrieval"]
+    ex = ExamplesRecord.from_dict(r["examples"])
+    scored = ex.with_retrieval
     doc.heading("Does retrieval help the language model? (held-out sentences)")
     doc.table(
         ["reader input", "masked-token accuracy", "whole-span accuracy", "retrieval utility (nats/mask)"],
         [
-            ["null document only", scored["null_token_accuracy"], scored["null_span_accuracy"], None],
+            ["null document only", scored.null_token_accuracy, scored.null_span_accuracy, None],
             [
                 f"{plan.preset.pretrain.num_candidates} candidates incl. null (marginal)",
-                scored["token_accuracy"],
-                scored["span_accuracy"],
-                scored["utility"],
+                scored.token_accuracy,
+                scored.span_accuracy,
+                scored.utility,
             ],
         ],
     )
-    low, high = scored["retrieval_gain_95ci"]
+    low, high = scored.interval
+    spans = f"{scored.spans:,} " if scored.spans is not None else ""
     doc.paragraph(
-        f"Retrieval gain in masked-token accuracy, paired over the same masks: {scored['retrieval_gain']:+.2f} points, "
-        f"95% bootstrap interval [{low:+.2f}, {high:+.2f}] over {scored['sentences']} sentences (their "
-        f"{scored['spans']:,} salient spans, each masked in turn{_scored_sample(ex)})"
+        f"Retrieval gain in masked-token accuracy, paired over the same masks: {scored.retrieval_gain:+.2f} points, "
+        f"95% bootstrap interval [{low:+.2f}, {high:+.2f}] over {scored.sentences} sentences (their "
+        f"{spans}salient spans, each masked in turn{_scored_sample(ex)})"
         + (" (excludes 0)." if low > 0 or high < 0 else " (includes 0: no clear gain).")
     )
-    split = scored.get("by_recoverability")
+    split = scored.by_recoverability
     if split:
         doc.paragraph(
             f"Recoverable masked spans (a block of another document holds the span's words): "
-            f"{scored['recoverable_share']:.1f}%, the ceiling of what retrieval can give; held by a "
-            f"candidate given to the reader: {scored['retrieved_share']:.1f}%. The gain by where the "
+            f"{scored.recoverable_share:.1f}%, the ceiling of what retrieval can give; held by a "
+            f"candidate given to the reader: {scored.retrieved_share:.1f}%. The gain by where the "
             "span is (token accuracy points, 95% bootstrap interval over spans):"
         )
         doc.table(
             ["masked span", "spans", "retrieval gain", "95% interval"],
             [
-                [
-                    name.replace("_", " "),
-                    g["spans"],
-                    g["retrieval_gain"],
-                    "[{:+.2f}, {:+.2f}]".format(*g["retrieval_gain_95ci"]),
-                ]
+                [name.replace("_", " "), g.spans, g.retrieval_gain, "[{:+.2f}, {:+.2f}]".format(*g.interval)]
                 for name, g in split.items()
             ],
         )
-    if "held_out_sentences_tagged" in ex:
+    if ex.held_out_sentences_tagged is not None:
         doc.paragraph(
-            f"Held-out sentences with a maskable salient span: {ex['held_out_sentences']:,} of "
-            f"{ex['held_out_sentences_tagged']:,}{_held_out_part(ex)}; the others have nothing to mask and are left out."
+            f"Held-out sentences with a maskable salient span: {ex.held_out_sentences:,} of "
+            f"{ex.held_out_sentences_tagged:,}{_held_out_part(ex)}; the others have nothing to mask and are left out."
         )
     _worked_examples(doc, ex)
 
 
-def _worked_examples(doc: ReportDocument, ex: dict) -> None:
+def _worked_examples(doc: ReportDocument, ex: ExamplesRecord) -> None:
     """The paper's Table 3: held-out sentences, the block retrieval chose and what it did to the masked span."""
     doc.heading("Worked examples (like the paper's Table 3)")
     doc.paragraph(
-        f"The {len(ex['examples'])} of the first {ex['pool']} held-out sentences where the top retrieved block "
+        f"The {len(ex.examples)} of the first {ex.pool} held-out sentences where the top retrieved block "
         "raised the probability of the masked span the most over no retrieval (p with it minus p without); span "
         "probabilities are products over its wordpieces."
     )
@@ -327,16 +325,16 @@ def _worked_examples(doc: ReportDocument, ex: dict) -> None:
         ],
         [
             [
-                e["masked_sentence"],
-                e["answer"],
-                f"{e['p_without_retrieval']:.2e}",
-                f"{e['top_block_title']}: {e['top_block_text'][:240]}",
-                e["p_top_block"],
-                {True: "yes", False: "no"}.get(e.get("top_block_holds_span")),
-                f"{e['p_with_top_block']:.2e}",
-                f"{e['p_marginal']:.2e}",
+                e.masked_sentence,
+                e.answer,
+                f"{e.p_without_retrieval:.2e}",
+                f"{e.top_block_title}: {e.top_block_text[:240]}",
+                e.p_top_block,
+                None if e.top_block_holds_span is None else ("yes" if e.top_block_holds_span else "no"),
+                f"{e.p_with_top_block:.2e}",
+                f"{e.p_marginal:.2e}",
             ]
-            for e in ex["examples"]
+            for e in ex.examples
         ],
     )
 

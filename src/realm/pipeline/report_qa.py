@@ -3,9 +3,11 @@ retriever with where the errors are (pipeline/report.py assembles them)."""
 
 from __future__ import annotations
 
+from realm.eval.qa import QAScore
 from realm.pipeline.ablations import start_retriever
 from realm.pipeline.document import ReportDocument
 from realm.pipeline.plan import PipelinePlan
+from realm.pipeline.records import DevQuestions, EvalRecord, QAStart
 
 SYSTEM_LABELS = {
     "dense": "{retriever} retriever ({tower}) + reader",
@@ -24,13 +26,13 @@ READER_REASONS = {
 
 def qa_start_section(doc: ReportDocument, r: dict) -> None:
     """Where QA fine-tuning started, and which query tower it kept (work.py: keep_query_tower)."""
-    start, query_tower = r["qa_start"], r.get("qa", {}).get("query_tower")
+    start, query_tower = QAStart.from_dict(r["qa_start"]), r.get("qa", {}).get("query_tower")
     doc.heading("Where QA fine-tuning started")
-    recall = ", ".join(f"{label} {value:.2f}" for label, value in start["recall@5"].items())
-    why = "fixed by --ablations, which compare REALM pretraining" if start["fixed"] else "the highest"
+    recall = ", ".join(f"{label} {value:.2f}" for label, value in start.recall.items())
+    why = "fixed by --ablations, which compare REALM pretraining" if start.fixed else "the highest"
     doc.paragraph(
-        f"Retriever: **{start['retriever']}** ({why}; zero-shot recall@5 on {_selection(start)}: {recall}). "
-        f"Reader: **{start['reader']}**: {READER_REASONS[start['reader']]}."
+        f"Retriever: **{start.retriever}** ({why}; zero-shot recall@5 on {_selection(start)}: {recall}). "
+        f"Reader: **{start.reader}**: {READER_REASONS[start.reader]}."
     )
     if query_tower:
         held_out = query_tower["recall@5"]
@@ -71,13 +73,11 @@ def reader_training_section(doc: ReportDocument, records: dict) -> None:
         doc.paragraph("How the reader was trained: " + "; then ".join(parts) + ".")
 
 
-def _selection(start: dict) -> str:
+def _selection(start: QAStart) -> str:
     """Which training questions chose the QA start: a sample of the tuning split's, whose articles fine-tuning
-    never sees (a run before the split: the first of the file)."""
-    if "articles" not in start:
-        return f"the first {start['questions']} training questions, which fine-tuning holds out"
-    of = f"of {start['articles']} articles " if start["articles"] else "(the file names no articles) "
-    return f"{start['questions']} training questions {of}held out of fine-tuning (the tuning split)"
+    never sees."""
+    of = f"of {start.articles} articles " if start.articles else "(the file names no articles) "
+    return f"{start.questions} training questions {of}held out of fine-tuning (the tuning split)"
 
 
 def _query_tower_label(r: dict) -> str:
@@ -87,14 +87,14 @@ def _query_tower_label(r: dict) -> str:
 
 
 def qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
-    ev = r["eval"]
-    chosen = r["qa_start"]["retriever"] if "qa_start" in r else "REALM"
+    ev = EvalRecord.from_dict(r["eval"])
+    chosen = QAStart.from_dict(r["qa_start"]).retriever if "qa_start" in r else "REALM"
     doc.heading("Retrieval recall on the dev questions")
-    questions = _questions(ev)
+    questions = ev.answered
     evaluated = (
-        f"the {questions['dev']:,} dev questions"
-        if questions["evaluated"] >= questions["dev"]
-        else f"the dev questions (zero-shot rows: all {questions['dev']:,}; the rest: the {questions['evaluated']:,} "
+        f"the {questions.dev:,} dev questions"
+        if questions.all_answered
+        else f"the dev questions (zero-shot rows: all {questions.dev:,}; the rest: the {questions.evaluated:,} "
         "the evaluation answered)"
     )
     doc.paragraph(
@@ -102,38 +102,33 @@ def qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
         "fine-tuning keeps its best checkpoint, and the run its retrievers, by training questions of articles "
         "held out of fine-tuning (the tuning split)."
     )
-    ks = ["recall@1", "recall@5", "recall@20"]
-    rows = [["BM25", *(ev["bm25"].get(k) for k in ks)]]
-    rows += [
-        [f"{key.split('/', 1)[1]} (zero-shot)", *(values.get(k) for k in ks)]
-        for key, values in ev.items()
-        if key.startswith("zero_shot/")
-    ]
+    ks = (1, 5, 20)
+    rows = [["BM25", *(ev.bm25.recall.get(k) for k in ks)]]
+    rows += [[f"{label} (zero-shot)", *(recall.get(k) for k in ks)] for label, recall in ev.zero_shot.items()]
     tower = _query_tower_label(r)
-    rows += [[f"{chosen}, {tower}", *(ev["dense"].get(k) for k in ks)]]
-    rows += [[f"hybrid ({tower} + w · BM25)", *(ev["hybrid"].get(k) for k in ks)]]
-    doc.table(["retriever", *ks], rows)
+    rows += [[f"{chosen}, {tower}", *(ev.dense.recall.get(k) for k in ks)]]
+    rows += [[f"hybrid ({tower} + w · BM25)", *(ev.hybrid.recall.get(k) for k in ks)]]
+    doc.table(["retriever", *(f"recall@{k}" for k in ks)], rows)
     doc.heading("Open-QA exact match")
     doc.paragraph(
         f"Fine-tuned with {plan.preset.qa.retriever} retrieval. {_evaluated(ev)} Exact match with its 95% bootstrap "
         "interval over the questions, and where the errors are: the answer not in the reader's blocks, in them but "
         "the prediction shares no word with it, or shares a word but is not exact (percent of all questions)."
     )
-    systems = {label.format(retriever=chosen, tower=tower): ev[kind] for kind, label in SYSTEM_LABELS.items()}
-    if "qa_ict" in r:
+    systems = {label.format(retriever=chosen, tower=tower): ev.systems[kind] for kind, label in SYSTEM_LABELS.items()}
+    if "qa_ict" in r and "dense" in r["qa_ict"]:
         start = start_retriever(bool(plan.preset.ict.steps))
-        systems[f"{start} + REALM's reader, fine-tuned (the retriever ablation)"] = r["qa_ict"]["dense"]
+        label = f"{start} + REALM's reader, fine-tuned (the retriever ablation)"
+        systems[label] = QAScore.from_dict(r["qa_ict"]["dense"])
     rows = []
-    for label, result in systems.items():
-        low, high = result.get("exact_match_95ci", (None, None))
-        outcomes = result.get("outcomes", {})
+    for label, score in systems.items():
         rows.append(
             [
                 label,
-                result["exact_match"],
-                f"[{low:.1f}, {high:.1f}]" if low is not None else None,
-                result["recall@5"],
-                *(outcomes.get(o) for o in ("not_retrieved", "retrieved_not_read", "read_not_exact")),
+                score.exact_match,
+                "[{:.1f}, {:.1f}]".format(*score.interval) if score.interval else None,
+                score.recall.get(5),
+                *(score.outcomes.get(o) for o in ("not_retrieved", "retrieved_not_read", "read_not_exact")),
             ]
         )
     doc.table(
@@ -151,34 +146,26 @@ def qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
     doc.paragraph("Paired differences in exact match (the same questions; an interval excluding 0 is a real one):")
     doc.table(
         ["comparison", "difference", "95% interval"],
-        [
-            [name, d["difference"], "[{:+.1f}, {:+.1f}]".format(*d["difference_95ci"])]
-            for name, d in ev.get("paired", {}).items()
-        ],
+        [[name, d.difference, "[{:+.1f}, {:+.1f}]".format(*d.interval)] for name, d in ev.paired.items()],
     )
 
 
-def _questions(ev: dict) -> dict:
-    """The evaluation's dev questions: how many it answered, of how many (a run before the plan sampled: all)."""
-    return ev.get("questions", {"evaluated": ev["dense"]["questions"], "dev": ev["dense"]["questions"]})
-
-
-def _evaluated(ev: dict) -> str:
+def _evaluated(ev: EvalRecord) -> str:
     """Which dev questions the systems answered: all, or the plan's seeded sample, with the interval it implies."""
-    questions = _questions(ev)
-    low, high = ev["hybrid"]["exact_match_95ci"]
-    if questions["evaluated"] >= questions["dev"]:
-        return f"All {questions['dev']:,} dev questions answered."
+    questions = ev.answered
+    if questions.all_answered:
+        return f"All {questions.dev:,} dev questions answered."
+    interval = ev.hybrid.interval
+    width = f", ±{(interval[1] - interval[0]) / 2:.1f} points (the hybrid's 95% interval)" if interval else ""
     return (
-        f"EM over {questions['evaluated']:,} of {questions['dev']:,} dev questions (a sample drawn with seed "
-        f"{questions['seed']}, {sized_by(questions)}), "
-        f"±{(high - low) / 2:.1f} points (the hybrid's 95% interval)."
+        f"EM over {questions.evaluated:,} of {questions.dev:,} dev questions (a sample drawn with seed "
+        f"{questions.seed}, {sized_by(questions)}){width}."
     )
 
 
-def sized_by(questions: dict) -> str:
+def sized_by(questions: DevQuestions) -> str:
     """What sized a dev sample: the clock (the questions answered in a seeded order until the stage's end), or the
     plan (a run without a budget, or one recorded before the evaluation watched the clock)."""
-    if "until" in questions:
+    if questions.until is not None:
         return "answered in its seeded order until the evaluation's allotment ended"
     return "sized by the plan to what the budget left after training"

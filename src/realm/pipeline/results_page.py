@@ -12,12 +12,14 @@ import json
 import shlex
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from realm.common.io import write_atomic
 from realm.common.provenance import describe_commit
 from realm.pipeline.ablations import ABLATION_COLUMNS, MEASURE_COLUMNS, AblationRow, MeasureRow, table2
 from realm.pipeline.document import ReportDocument
+from realm.pipeline.records import EvalRecord, ExamplesRecord
 from realm.pipeline.stages import STAGES
 
 SEEDS_SUMMARY = "seeds.json"  # pipeline/seeds.py writes it beside the seeds' runs
@@ -59,8 +61,9 @@ def machine_of(plan: dict) -> str:
     return f"{device}; computed in {plan['compute_dtype']}"
 
 
-def _interval(value: float, ci: list[float], digits: int = 1, sign: str = "") -> str:
-    return f"{value:{sign}.{digits}f} [{ci[0]:{sign}.{digits}f}, {ci[1]:{sign}.{digits}f}]"
+def _interval(value: float, ci: Sequence[float] | None, digits: int = 1, sign: str = "") -> str:
+    shown = f"{value:{sign}.{digits}f}"
+    return f"{shown} [{ci[0]:{sign}.{digits}f}, {ci[1]:{sign}.{digits}f}]" if ci else shown
 
 
 def run_row(run_dir: Path, link: str) -> tuple[str, list[str], list[object]]:
@@ -84,23 +87,24 @@ def run_row(run_dir: Path, link: str) -> tuple[str, list[str], list[object]]:
         r.get("realm", {}).get("steps"),
     ]
     if "eval" in r:
-        ev = r["eval"]
-        questions = ev["questions"]
+        ev = EvalRecord.from_dict(r["eval"])
+        questions = ev.answered
         columns += ["QA steps", "dev questions scored", "EM hybrid [95%]", "EM dense", "EM BM25", "zero-shot R@5"]
         row += [
             r["qa"]["train"]["steps"],
-            f"{questions['evaluated']:,} of {questions['dev']:,} (seed {questions['seed']})",
-            _interval(ev["hybrid"]["exact_match"], ev["hybrid"]["exact_match_95ci"]),
-            f"{ev['dense']['exact_match']:.1f}",
-            f"{ev['bm25']['exact_match']:.1f}",
-            ", ".join(f"{k.split('/', 1)[1]} {v['recall@5']:.1f}" for k, v in ev.items() if k.startswith("zero_shot/")),
+            f"{questions.evaluated:,} of {questions.dev:,} (seed {questions.seed})",
+            _interval(ev.hybrid.exact_match, ev.hybrid.interval),
+            f"{ev.dense.exact_match:.1f}",
+            f"{ev.bm25.exact_match:.1f}",
+            ", ".join(f"{label} {recall[5]:.1f}" for label, recall in ev.zero_shot.items()),
         ]
     if "examples" in r:
-        scored = r["examples"]["with_retrieval"]
+        examples = ExamplesRecord.from_dict(r["examples"])
+        scored = examples.with_retrieval
         columns += ["held-out masked-LM gain [95%]", "sentences scored"]
         row += [
-            _interval(scored["retrieval_gain"], scored["retrieval_gain_95ci"], 2, "+"),
-            f"{r['examples']['scored_sentences']:,} of {r['examples']['held_out_sentences']:,}",
+            _interval(scored.retrieval_gain, scored.interval, 2, "+"),
+            f"{examples.scored_sentences:,} of {examples.held_out_sentences:,}",
         ]
     return command_of(plan), [*columns, "record"], [*row, link]
 

@@ -27,15 +27,10 @@ from realm.models.retriever import Retriever
 from realm.pipeline import work as stage_work
 from realm.pipeline.ablations import arm_of, measured_by, paired_exact_match, paired_measures, predictions
 from realm.pipeline.calibrate import calibrate, calibration_settings
-from realm.pipeline.estimate import (
-    MIN_EVAL_QUESTIONS,
-    MIN_SCORED_SENTENCES,
-    SCORED_SENTENCES,
-    Workload,
-    trained_preset,
-)
+from realm.pipeline.estimate import MIN_EVAL_QUESTIONS, MIN_SCORED_SENTENCES, SCORED_SENTENCES, Workload, trained_preset
 from realm.pipeline.pace import RunClock, StageTiming
 from realm.pipeline.plan import PipelineOptions, PipelinePlan, plan_run
+from realm.pipeline.records import ExamplesRecord, QAStart
 from realm.pipeline.report import write_report
 from realm.pipeline.stage_table import INDEXES_BUILT_BY, Stage, kind_of, run_stages
 from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metrics
@@ -333,7 +328,7 @@ class Pipeline:
     def measure(self, name: str, pretrained: StageRecord, index: StageRecord, preset: Preset) -> StageRecord:
         """An arm's zero-shot recall on every dev question and its masked-LM gain on the held-out sentences the main
         run scored: Table 2's columns, paired with the main run's (ablations.py: measure_rows)."""
-        sentences = self.stages.records["examples"].result["scored_sentences"]
+        sentences = ExamplesRecord.from_dict(self.stages.records["examples"].result).scored_sentences
         arm = arm_of(name)
         ours = arm.compared_with(preset.pretrain)
 
@@ -476,9 +471,10 @@ class Pipeline:
         if stage.name == "examples":
             return self.examples(preset, done["realm"])
         chosen = done["qa_start"]
-        index_stage, retriever_folder = self.retrievers(done)[chosen.result["retriever"]]
+        start = QAStart.from_dict(chosen.result)
+        index_stage, retriever_folder = self.retrievers(done)[start.retriever]
         index_folder = self.stages.output(index_stage, "index")
-        reader = self.stages.output(QA_READERS[chosen.result["reader"]], "reader")
+        reader = self.stages.output(QA_READERS[start.reader], "reader")
         if stage.name == "read":
             return self.read(*self.sized("read"), retriever_folder.parent, index_folder, reader, chosen)
         if stage.name == "eval":

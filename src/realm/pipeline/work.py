@@ -25,9 +25,11 @@ from realm.data.recoverable import SpanFinder
 from realm.data.sentences import SentenceSet, sentences_path
 from realm.eval.answerer import Answerer, load_answerer, load_answerers
 from realm.eval.intervals import bootstrap_interval
-from realm.eval.mlm import masked_span_accuracy, worked_examples
+from realm.eval.mlm import MaskedLMScore, masked_span_accuracy, worked_examples
 from realm.eval.qa import (
     AnsweredQuestion,
+    PairedScore,
+    QAScore,
     answer_questions,
     compare_predictions,
     evaluate_qa,
@@ -41,6 +43,16 @@ from realm.index.search import open_searcher, search_all
 from realm.models.mlm_reader import Reader
 from realm.models.realm import RealmModel
 from realm.models.retriever import Retriever
+from realm.pipeline.records import (
+    SYSTEMS,
+    Coverage,
+    DevQuestions,
+    EvalRecord,
+    ExamplesRecord,
+    Outcomes,
+    QAStart,
+    RealmVsStart,
+)
 from realm.pipeline.stages import last_metrics
 from realm.recipes.finetune_qa import ANSWER_INDEX_MAX_BLOCKS, train_qa
 from realm.recipes.model_card import write_model_card
@@ -170,7 +182,6 @@ def keep_query_tower(
     return choice
 
 
-SYSTEMS = ("dense", "bm25", "hybrid")  # the fine-tuned reader with each retriever
 SELECTION_QUESTIONS = 500  # of the tuning split's training questions, those that choose retrievers (never dev ones)
 SELECTION_SEED = 0
 
@@ -206,17 +217,17 @@ def zero_shot_recall(
     return {k: round(v, 2) for k, v in recall_from_ranks(ranks, ks).items()}
 
 
-def realm_against_its_start(ranks: dict[str, list[int | None]]) -> dict:
+def realm_against_its_start(ranks: dict[str, list[int | None]]) -> RealmVsStart | None:
     """Zero-shot recall of REALM's retriever minus its start's (the retriever before it in stage order: ICT's, or
-    the off-the-shelf one), paired over the same dev questions; {} when the run has no REALM row."""
+    the off-the-shelf one), paired over the same dev questions; None when the run has no REALM row."""
     labels = list(ranks)
     if "REALM" not in labels or labels.index("REALM") == 0:
-        return {}
+        return None
     start = labels[labels.index("REALM") - 1]
-    return {"start": start, **paired_recall(ranks["REALM"], ranks[start], RECALL_KS[1:])}
+    return RealmVsStart.from_dict({"start": start, **paired_recall(ranks["REALM"], ranks[start], RECALL_KS[1:])})
 
 
-def answer_coverage(corpus: Path, dev: Sequence[QAExample]) -> dict | None:
+def answer_coverage(corpus: Path, dev: Sequence[QAExample]) -> Coverage | None:
     """The share of the dev questions whose answer some block of the corpus holds, with its interval; None above
     the answer index's size (recipes/finetune_qa.py: ANSWER_INDEX_MAX_BLOCKS)."""
     store = BlockStore(corpus)
@@ -224,11 +235,7 @@ def answer_coverage(corpus: Path, dev: Sequence[QAExample]) -> dict | None:
         return None
     found = [100.0 * hit for hit in answer_in_corpus(store.column("body"), dev)]
     low, high = bootstrap_interval(found)
-    return {
-        "percent": round(sum(found) / len(found), 2),
-        "percent_95ci": [round(low, 2), round(high, 2)],
-        "questions": len(found),
-    }
+    return Coverage(round(sum(found) / len(found), 2), (round(low, 2), round(high, 2)), len(found))
 
 
 def choose_qa_start(
@@ -246,14 +253,8 @@ def choose_qa_start(
         label: zero_shot_recall(*folders, questions, (5,), preset)["recall@5"] for label, folders in retrievers.items()
     }
     best = fixed or max(reversed(list(recall)), key=recall.__getitem__)  # reversed: a tie goes to the later stage
-    return {
-        "retriever": best,
-        "reader": reader,
-        "fixed": fixed is not None,
-        "recall@5": recall,
-        "questions": len(questions),
-        "articles": len({e.article for e in questions}) if all(e.article for e in questions) else None,
-    }
+    articles = len({e.article for e in questions}) if all(e.article for e in questions) else None
+    return QAStart(best, reader, fixed is not None, recall, len(questions), articles).to_dict()
 
 
 def evaluate_systems(
@@ -284,37 +285,54 @@ def evaluate_systems(
     answerers = load_answerers(str(best), index_folder, preset, SYSTEMS)
     limit = deadline.limit(least) if deadline is not None else None  # its pace timed from here
     answered, seconds = answer_until(answerers, evaluated, limit)
-    result: dict = {
-        "questions": {"evaluated": len(answered["dense"]), "dev": len(dev), "seed": DEV_SAMPLE_SEED}
-        | ({"offered": len(evaluated), "until": limit.to_dict()} if limit is not None else {})
-    }
+    questions = DevQuestions(
+        len(answered["dense"]),
+        len(dev),
+        DEV_SAMPLE_SEED,
+        len(evaluated) if limit is not None else None,
+        limit.to_dict() if limit is not None else None,
+    )
     position = {id(e): i for i, e in enumerate(dev)}
+    systems = {}
     for kind in SYSTEMS:  # in dev file order: the same questions as dev_sample of that many
         answered[kind].sort(key=lambda a: position[id(a.example)])
         write_predictions(folder / f"predictions_{kind}.jsonl", answered[kind])
-        result[kind] = summarise(answered[kind], RECALL_KS, answerers[kind].k, "orqa", seconds[kind])
-    result["outcomes"] = compact_outcomes(answered, position)
-    result["paired"] = {
-        f"{a} - {b}": compare_predictions(folder / f"predictions_{a}.jsonl", folder / f"predictions_{b}.jsonl")
+        systems[kind] = QAScore.from_dict(
+            summarise(answered[kind], RECALL_KS, answerers[kind].k, "orqa", seconds[kind])
+        )
+    paired = {
+        f"{a} - {b}": PairedScore.from_dict(
+            compare_predictions(folder / f"predictions_{a}.jsonl", folder / f"predictions_{b}.jsonl")
+        )
         for a, b in (("dense", "bm25"), ("hybrid", "bm25"), ("hybrid", "dense"))
     }
-    for label, first in ranks.items():
-        result[f"zero_shot/{label}"] = {k: round(v, 2) for k, v in recall_from_ranks(first, RECALL_KS).items()}
-    result["realm_vs_start"] = realm_against_its_start(ranks)
-    result["answer_coverage"] = coverage
-    write_model_card(best, best.parent, qa_figures(result))
-    return result
+    zero_shot = {
+        label: {k: round(v, 2) for k, v in zip(RECALL_KS, recall_from_ranks(first, RECALL_KS).values(), strict=True)}
+        for label, first in ranks.items()
+    }
+    record = EvalRecord(
+        systems,
+        questions,
+        compact_outcomes(answered, position),
+        paired,
+        zero_shot,
+        realm_against_its_start(ranks),
+        coverage,
+    )
+    write_model_card(best, best.parent, qa_figures(record))
+    return record.to_dict()
 
 
-def compact_outcomes(answered: dict[str, list[AnsweredQuestion]], position: dict[int, int]) -> dict:
+def compact_outcomes(answered: dict[str, list[AnsweredQuestion]], position: dict[int, int]) -> Outcomes:
     """Which dev questions were answered (their rows in the dev file) and, per system, whether each was an exact
     match ("1") or not ("0"), in the same order: what `realm results --check` pairs two runs on."""
     first = next(iter(answered.values()))
-    outcomes: dict = {"rows": [position[id(a.example)] for a in first]}
-    for kind, rows in answered.items():
-        assert [position[id(a.example)] for a in rows] == outcomes["rows"]  # every system the same questions
-        outcomes[kind] = "".join("1" if a.outcome == "exact_match" else "0" for a in rows)
-    return outcomes
+    rows = [position[id(a.example)] for a in first]
+    marks = {}
+    for kind, answers in answered.items():
+        assert [position[id(a.example)] for a in answers] == rows  # every system the same questions
+        marks[kind] = "".join("1" if a.outcome == "exact_match" else "0" for a in answers)
+    return Outcomes(rows, marks)
 
 
 def answer_until(
@@ -338,16 +356,16 @@ def answer_until(
     return answered, seconds
 
 
-def qa_figures(evaluation: dict) -> dict[str, str]:
+def qa_figures(evaluation: EvalRecord) -> dict[str, str]:
     """The fine-tuned model's figures for its card: EM with its interval and recall@5, with each retriever."""
     figures = {}
     for kind in SYSTEMS:
-        row = evaluation[kind]
-        low, high = row["exact_match_95ci"]
-        figures[f"exact match, {kind} retrieval, top {row['reader_top_k']} read"] = (
-            f"{row['exact_match']:.2f} [{low:.2f}, {high:.2f}] ({row['questions']} dev questions, 95% interval)"
+        score = evaluation.systems[kind]
+        low, high = score.interval or (float("nan"), float("nan"))
+        figures[f"exact match, {kind} retrieval, top {score.reader_top_k} read"] = (
+            f"{score.exact_match:.2f} [{low:.2f}, {high:.2f}] ({score.questions} dev questions, 95% interval)"
         )
-        figures[f"recall@5, {kind} retrieval"] = f"{row['recall@5']:.2f}"
+        figures[f"recall@5, {kind} retrieval"] = f"{score.recall[5]:.2f}"
     return figures
 
 
@@ -374,12 +392,12 @@ def score_held_out(
     preset: Preset,
     sentences: int,
     until: TimeLimit | None = None,
-) -> dict:
+) -> MaskedLMScore:
     """Masked-span accuracy with retrieval and with the null document alone (candidate 0 of the same pass) on the
     first `sentences` held-out sentences in SCORING's seeded order (until `until` fits no more), with each
     sentence's gain kept, rounded, for a rerun or an ablation arm to pair with."""
     k, tokens, masks = preset.pretrain.num_candidates, preset.retriever.query_max_tokens, preset.pretrain.max_masks
-    scored = masked_span_accuracy(
+    scored = masked_span_accuracy(  # its JSON form: MaskedLMScore's
         model,
         held_out.shuffled(SCORING["sample_seed"]),
         store,
@@ -392,8 +410,7 @@ def score_held_out(
         every_span=SCORING["every_span"],
         until=until,
     )
-    scored["per_sentence_gain"] = [round(g, 4) for g in scored["per_sentence_gain"]]
-    return scored
+    return MaskedLMScore.from_dict(scored | {"per_sentence_gain": [round(g, 4) for g in scored["per_sentence_gain"]]})
 
 
 def arm_measures(
@@ -413,7 +430,7 @@ def arm_measures(
     model, held_out, store, index, finder = held_out_scoring(corpus, realm_run, preset)
     scored = score_held_out(model, held_out, store, index, finder, preset, sentences)
     recall = {key: round(value, 2) for key, value in recall_from_ranks(ranks, RECALL_KS).items()}
-    return {"zero_shot": recall, "with_retrieval": scored, "scored_sentences": scored["sentences"]}
+    return {"zero_shot": recall, "with_retrieval": scored.to_dict(), "scored_sentences": scored.sentences}
 
 
 def pretraining_examples(
@@ -434,23 +451,18 @@ def pretraining_examples(
     limit = deadline.limit(least) if deadline is not None else None  # its pace timed from here
     scored = score_held_out(model, held_out, store, index, finder, preset, sentences, limit)
     write_model_card(realm_run, realm_run, pretraining_figures(scored, k))
-    return {
-        "held_out_sentences": len(held_out),  # with a maskable salient span
-        "scored_sentences": scored["sentences"],
-        "held_out_sentences_tagged": held_out.tagged,
-        "held_out_part": "test",  # of the held-out documents (data/sentences.py: document_part)
-        "pool": EXAMPLE_POOL,
-        "examples": [e.to_dict() for e in examples],
-        "with_retrieval": scored,
-    }
+    # held_out: with a maskable salient span; "test": the half of the held-out documents scored (data/sentences.py)
+    return ExamplesRecord(
+        scored, scored.sentences, len(held_out), held_out.tagged, "test", EXAMPLE_POOL, examples
+    ).to_dict()
 
 
-def pretraining_figures(scored: dict, num_candidates: int) -> dict[str, str]:
+def pretraining_figures(scored: MaskedLMScore, num_candidates: int) -> dict[str, str]:
     """The REALM model's figures for its card: held-out masked-token accuracy with and without retrieval."""
-    low, high = scored["retrieval_gain_95ci"]
-    where = f"{scored['spans']} salient spans of {scored['sentences']} held-out sentences"
+    low, high = scored.interval
+    where = f"{scored.spans} salient spans of {scored.sentences} held-out sentences"
     return {
-        "masked-token accuracy, null document only": f"{scored['null_token_accuracy']:.2f} ({where})",
-        f"masked-token accuracy, null document and {num_candidates - 1} retrieved blocks": f"{scored['token_accuracy']:.2f}",
-        "retrieval gain, paired": f"{scored['retrieval_gain']:+.2f} points [{low:+.2f}, {high:+.2f}] (95% interval)",
+        "masked-token accuracy, null document only": f"{scored.null_token_accuracy:.2f} ({where})",
+        f"masked-token accuracy, null document and {num_candidates - 1} retrieved blocks": f"{scored.token_accuracy:.2f}",
+        "retrieval gain, paired": f"{scored.retrieval_gain:+.2f} points [{low:+.2f}, {high:+.2f}] (95% interval)",
     }

@@ -28,7 +28,7 @@ from realm.config import Preset, QAConfig, RetrieverConfig, record_run_config
 from realm.data.blocks import BlockStore
 from realm.data.qa_examples import AnswerBlocks, QAExample, has_answer
 from realm.eval.answerer import Answerer
-from realm.eval.qa import evaluate_qa
+from realm.eval.qa import QAScore, evaluate_qa
 from realm.index.mips import MipsIndex
 from realm.index.search import (
     HYBRID_POOL,
@@ -208,7 +208,7 @@ def _optimizer(model: QAModel, cfg: QAConfig, total: int) -> tuple[torch.optim.O
 def dev_exact_match(answerer: Answerer, questions: list[QAExample], epoch: int) -> float:
     """Exact match on the dev questions, the model in eval mode for it (back in training mode after)."""
     answerer.model.eval()
-    em = evaluate_qa(answerer, questions, recall_ks=())["exact_match"]
+    em = QAScore.from_dict(evaluate_qa(answerer, questions, recall_ks=())).exact_match
     answerer.model.train()
     log.info("epoch %d: dev exact match %.2f on %d questions", epoch, em, len(questions))
     return em
