@@ -142,6 +142,7 @@ def test_under_ablations_a_stage_shares_the_runs_delay_with_the_arms_that_replay
     work = Workload(blocks=16772, qa_train=9074, qa_dev=1496, qa_held_out=500, ablations=True)
     plan = dataclasses.replace(plan_pipeline(cpu, work, 120, spent_seconds=140.0), began=0.0)
     planned = {s.name: s for s in plan.stages}
+    assert "read" not in planned and "reading" not in plan.describe()  # the arms compare REALM's reader, unread
     realm = planned["realm"]
     stepping = {"realm": 1.37 * realm.steps * realm.step_seconds}
     took = {"calibration": 140.0, "realm": realm.fixed_seconds + stepping["realm"]}
@@ -158,6 +159,15 @@ def test_under_ablations_a_stage_shares_the_runs_delay_with_the_arms_that_replay
     rest = sum(timing.pace.seconds(planned[name]) for name in others) + cpu.costs.fixed_seconds
     assert now + timing.allotted + arms + rest == pytest.approx(120 * 60, abs=5.0)  # all of what is left, no more
     assert 0.5 * plan.scale < timing.scale < plan.scale  # the delay spread over five, not taken by one
+    # QA's steps ran 1.5x slower than calibrated, so it trained fewer in its share; the arms replay those: the
+    # evaluation after it (which answered only its least, 300 questions, in the rerun at e5effc9) gets its plan's time
+    trained = dataclasses.replace(at["qa"], steps=round(at["qa"].steps / 1.5))
+    stepping["qa"] = 1.5 * trained.steps * trained.step_seconds
+    took["qa"] = trained.fixed_seconds + stepping["qa"]
+    now += took["qa"]
+    evaluation = time_stage(plan, cpu, "eval", took, {"realm": realm, "qa": trained}, stepping, now)
+    assert evaluation.allotted == pytest.approx(planned["eval"].seconds, rel=0.05)
+    assert evaluation.sample == pytest.approx(plan.work.evaluated, rel=0.1)  # not its least (300)
     plain = dataclasses.replace(plan_pipeline(cpu, dataclasses.replace(work, ablations=False), 120), began=0.0)
     alone = time_stage(plain, cpu, "qa", {"calibration": 140.0}, {}, {}, 140.0)
     assert alone.allotted > 0 and "qa_ict" not in {s.name for s in plain.stages}  # no arms: as before

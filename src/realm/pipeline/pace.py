@@ -148,7 +148,8 @@ def time_stage(
     training stage spent in steps. A stage already late gets its least (QA: `qa_min_steps`, the measurements their
     least samples): a run that fell behind overruns rather than hand back a reader that cannot read. A main
     trainer's stage shares what is left with the ablation arms that replay its steps (`replays`): they train as long
-    as it does, so they are sized with it and the run's delay is spread over all of them, not taken by it alone."""
+    as it does, so they are sized with it and the run's delay is spread over all of them, not taken by it alone;
+    once it has trained, they are expected at its steps (not the plan's)."""
     assert plan.deadline is not None
     work, c = plan.work, costed.costs
 
@@ -163,7 +164,16 @@ def time_stage(
         raise ValueError(f"{stage!r} is not a stage of this run's plan ({', '.join(names)})")
     after = [name for name in names[names.index(stage) + 1 :] if name not in took]
     replays = [name for name in after if stage == kind_of(stage) and kind_of(name) == stage]  # run.py: trained
-    rest = sum(pace.seconds(at_plan[name]) for name in after if name not in replays) + c.fixed_seconds * pace.other
+
+    def expected(name: str) -> StageEstimate:
+        """A stage after this one as it will run: an arm replaying a finished main trainer, at the steps it trained."""
+        kind, e = kind_of(name), at_plan[name]
+        if kind is None or kind == name or kind not in ran or not at_plan[kind].steps:
+            return e
+        return dataclasses.replace(e, steps=round(e.steps * ran[kind].steps / at_plan[kind].steps))
+
+    others = [name for name in after if name not in replays]
+    rest = sum(pace.seconds(expected(name)) for name in others) + c.fixed_seconds * pace.other
     deadline = plan.deadline.earlier(rest)  # for this stage and its replays
     allotted = deadline.at - now
     timing = StageTiming(stage, now, allotted, pace)

@@ -95,7 +95,7 @@ class PipelinePlan:
         p, budget, w = self.preset, self.budget_minutes, self.work
         fits = f" for a budget of {budget:g} min (training steps x{self.scale:.2f})" if budget else ""
         qa = f", QA {p.qa.steps} steps" if p.qa.steps else ""
-        if p.qa.steps and p.reading.steps:
+        if p.qa.steps and p.reading.steps and any(s.name == "read" for s in self.stages):  # not under --ablations
             qa = f", reading {p.reading.steps} steps{qa}"
         ict = f"ICT {p.ict.steps} steps" if p.ict.steps else "no ICT"
         steps = f"{ict}, REALM {p.pretrain.steps} steps{qa}"
