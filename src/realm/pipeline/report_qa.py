@@ -103,7 +103,7 @@ def qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
         "held out of fine-tuning (the tuning split)."
     )
     ks = (1, 5, 20)
-    rows = [["BM25", *(ev.bm25.recall.get(k) for k in ks)]]
+    rows: list[list[object]] = [["BM25", *(ev.bm25.recall.get(k) for k in ks)]]
     rows += [[f"{label} (zero-shot)", *(recall.get(k) for k in ks)] for label, recall in ev.zero_shot.items()]
     tower = _query_tower_label(r)
     rows += [[f"{chosen}, {tower}", *(ev.dense.recall.get(k) for k in ks)]]

@@ -471,10 +471,10 @@ class Pipeline:
         if stage.name == "examples":
             return self.examples(preset, done["realm"])
         chosen = done["qa_start"]
-        start = QAStart.from_dict(chosen.result)
-        index_stage, retriever_folder = self.retrievers(done)[start.retriever]
+        began_from = QAStart.from_dict(chosen.result)
+        index_stage, retriever_folder = self.retrievers(done)[began_from.retriever]
         index_folder = self.stages.output(index_stage, "index")
-        reader = self.stages.output(QA_READERS[start.reader], "reader")
+        reader = self.stages.output(QA_READERS[began_from.reader], "reader")
         if stage.name == "read":
             return self.read(*self.sized("read"), retriever_folder.parent, index_folder, reader, chosen)
         if stage.name == "eval":

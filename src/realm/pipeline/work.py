@@ -306,7 +306,7 @@ def evaluate_systems(
         )
         for a, b in (("dense", "bm25"), ("hybrid", "bm25"), ("hybrid", "dense"))
     }
-    zero_shot = {
+    recall = {
         label: {k: round(v, 2) for k, v in zip(RECALL_KS, recall_from_ranks(first, RECALL_KS).values(), strict=True)}
         for label, first in ranks.items()
     }
@@ -315,7 +315,7 @@ def evaluate_systems(
         questions,
         compact_outcomes(answered, position),
         paired,
-        zero_shot,
+        recall,
         realm_against_its_start(ranks),
         coverage,
     )
