@@ -132,6 +132,15 @@ class StageTiming:
         return f"{what}; {self.pace.describe()}"
 
 
+def _as_it_will_run(name: str, at_plan: dict[str, StageEstimate], ran: dict[str, StageEstimate]) -> StageEstimate:
+    """A stage's estimate as it will run: an ablation arm replaying a main trainer that has trained (run.py: trained)
+    at the steps that trainer took, any other at the plan's."""
+    kind, planned = kind_of(name), at_plan[name]
+    if kind is None or kind == name or kind not in ran or not at_plan[kind].steps:
+        return planned
+    return dataclasses.replace(planned, steps=round(planned.steps * ran[kind].steps / at_plan[kind].steps))
+
+
 def time_stage(
     plan: PipelinePlan,
     costed: Preset,
@@ -146,10 +155,8 @@ def time_stage(
     too). `costed`: the preset unscaled, with the plan's costs; `took`: the seconds of every finished stage;
     `ran`: each finished training stage estimated at the steps it trained; `stepping`: the seconds each finished
     training stage spent in steps. A stage already late gets its least (QA: `qa_min_steps`, the measurements their
-    least samples): a run that fell behind overruns rather than hand back a reader that cannot read. A main
-    trainer's stage shares what is left with the ablation arms that replay its steps (`replays`): they train as long
-    as it does, so they are sized with it and the run's delay is spread over all of them, not taken by it alone;
-    once it has trained, they are expected at its steps (not the plan's)."""
+    least samples): a run that fell behind overruns rather than hand back a reader that cannot read. A main trainer
+    shares what is left with the arms that replay its steps (`replays`), the run's delay spread over all of them."""
     assert plan.deadline is not None
     work, c = plan.work, costed.costs
 
@@ -164,16 +171,8 @@ def time_stage(
         raise ValueError(f"{stage!r} is not a stage of this run's plan ({', '.join(names)})")
     after = [name for name in names[names.index(stage) + 1 :] if name not in took]
     replays = [name for name in after if stage == kind_of(stage) and kind_of(name) == stage]  # run.py: trained
-
-    def expected(name: str) -> StageEstimate:
-        """A stage after this one as it will run: an arm replaying a finished main trainer, at the steps it trained."""
-        kind, e = kind_of(name), at_plan[name]
-        if kind is None or kind == name or kind not in ran or not at_plan[kind].steps:
-            return e
-        return dataclasses.replace(e, steps=round(e.steps * ran[kind].steps / at_plan[kind].steps))
-
-    others = [name for name in after if name not in replays]
-    rest = sum(pace.seconds(expected(name)) for name in others) + c.fixed_seconds * pace.other
+    expected = [_as_it_will_run(name, at_plan, ran) for name in after if name not in replays]
+    rest = sum(pace.seconds(e) for e in expected) + c.fixed_seconds * pace.other
     deadline = plan.deadline.earlier(rest)  # for this stage and its replays
     allotted = deadline.at - now
     timing = StageTiming(stage, now, allotted, pace)
@@ -190,8 +189,7 @@ def time_stage(
         return timing
 
     def seconds(scale: float, names: list[str]) -> float:
-        at = stages_at(scale)
-        return sum(pace.seconds(at[name]) for name in names)
+        return sum(pace.seconds(e) for name, e in stages_at(scale).items() if name in names)
 
     scale = largest_fitting(lambda scale: seconds(scale, [stage, *replays]) <= allotted, 0.0, 1e3)
     qa_steps = costed.qa.total_steps(work.qa_train) if work.qa_train else 0
