@@ -173,6 +173,37 @@ def test_under_ablations_a_stage_shares_the_runs_delay_with_the_arms_that_replay
     assert alone.allotted > 0 and "qa_ict" not in {s.name for s in plain.stages}  # no arms: as before
 
 
+def test_under_ablations_the_evaluation_keeps_its_planned_questions_and_a_few_slow_seconds_do_not_set_the_pace():
+    """The 55-minute --ablations run at 77fed70: ~40 estimated seconds of loading and scoring before the evaluation
+    took 1.5x; the pace of all non-step work read 1.50x (0.96x once the evaluation had run) and, applied to the
+    arms' indexes, measures and scoring, cut the evaluation to its least: 300 of the 837 questions over which every
+    arm's exact match is paired. A short timing counts little beside the prior; the plan's questions are the least."""
+    from realm.pipeline.estimate import StageEstimate
+    from realm.pipeline.pace import OTHER_PRIOR_SHARE, run_pace, time_stage
+
+    short = {"qa_start": StageEstimate("qa_start", 0, 0.0, 4.0), "qa": StageEstimate("qa", 100, 1.0, 36.0)}
+    took, stepping = {"qa_start": 6.0, "qa": 100.0 + 54.0}, {"qa": 100.0}  # 60 s of the 40 estimated
+    assert run_pace(short, took, stepping).other == pytest.approx(1.5)
+    prior = OTHER_PRIOR_SHARE * 55 * 60  # 165 s at 1.0x
+    assert run_pace(short, took, stepping, prior).other == pytest.approx((60 + prior) / (40 + prior))  # 1.10
+
+    record = json.loads((Path(__file__).parent / "records" / "plan_default_a3b6601.json").read_text())
+    cpu = dataclasses.replace(get_preset("cpu"), costs=StageCosts(**record["costs"]))  # this machine's, measured
+    cpu = dataclasses.replace(cpu, ict=dataclasses.replace(cpu.ict, steps=0))  # as the CLI runs it here: no ICT
+    work = Workload(blocks=16772, qa_train=9074, qa_dev=1496, qa_held_out=500, ablations=True)
+    plan = dataclasses.replace(plan_pipeline(cpu, work, 55, spent_seconds=136.0), began=0.0)
+    planned = {s.name: s for s in plan.stages}
+    ran = {name: planned[name] for name in ("realm", "qa")}
+    stepping = {name: e.steps * e.step_seconds for name, e in ran.items()}
+    took = {"calibration": 136.0} | {name: planned[name].seconds for name in ("realm", "realm_index", "qa_start")}
+    took["qa"] = planned["qa"].seconds + 120.0  # QA's scoring two minutes late: the evaluation is behind
+    timing = time_stage(plan, cpu, "eval", took, ran, stepping, sum(took.values()))
+    assert timing.allotted < 0 and plan.work.least_evaluated == plan.work.evaluated > 300
+    assert timing.sample == plan.work.evaluated  # not its least (300): every arm's EM is paired over them
+    plain = dataclasses.replace(work, ablations=False, eval_questions=800)
+    assert plain.least_evaluated == 300 and dataclasses.replace(work, eval_questions=800).least_evaluated == 800
+
+
 def test_the_evaluation_and_the_examples_score_the_sample_that_fits_what_is_left():
     from realm.pipeline.estimate import MIN_EVAL_QUESTIONS, MIN_SCORED_SENTENCES, SCORED_SENTENCES
     from realm.pipeline.pace import time_stage

@@ -69,6 +69,12 @@ class Workload:
         """Dev questions the evaluation answers."""
         return self.qa_dev if self.eval_questions is None else min(self.eval_questions, self.qa_dev)
 
+    @property
+    def least_evaluated(self) -> int:
+        """The fewest dev questions the evaluation answers whatever the clock: under --ablations the plan's sample,
+        over which every arm's exact match is paired (Table 2's precision), else MIN_EVAL_QUESTIONS."""
+        return self.evaluated if self.ablations else min(self.qa_dev, MIN_EVAL_QUESTIONS)
+
     def measured(self, share: float) -> Workload:
         """The workload with `share` (0: the least, 1: all) of the dev questions and held-out sentences measured."""
         least_q, least_s = min(self.qa_dev, MIN_EVAL_QUESTIONS), min(SCORED_SENTENCES, MIN_SCORED_SENTENCES)

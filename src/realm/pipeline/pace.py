@@ -19,7 +19,6 @@ from realm.common.io import write_json_atomic
 from realm.config import Preset
 from realm.pipeline.estimate import (
     HELD_OUT_RETRIEVERS,
-    MIN_EVAL_QUESTIONS,
     MIN_SCORED_SENTENCES,
     MIN_TRAINING_STEPS,
     SCORED_SENTENCES,
@@ -37,6 +36,10 @@ from realm.pipeline.work import EXAMPLE_POOL
 from realm.training.schedule import TimedSteps, read_steps
 
 PACE_BOUND = 1.5  # the run's pace corrects an estimate by at most this factor either way
+# non-step seconds worth this share of the budget count at the calibration's pace before any are timed: at 55 min
+# under --ablations ~40 estimated seconds of loading and scoring set the pace of the arms' ~1,000 at 1.50x (it read
+# 0.96x once the evaluation had run), and the evaluation was cut to its least
+OTHER_PRIOR_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,12 @@ def _bounded(observed: float, estimated: float) -> float:
     return min(PACE_BOUND, max(1 / PACE_BOUND, observed / estimated))
 
 
-def run_pace(finished: dict[str, StageEstimate], took: dict[str, float], stepping: dict[str, float]) -> Pace:
+def run_pace(
+    finished: dict[str, StageEstimate], took: dict[str, float], stepping: dict[str, float], prior: float = 0.0
+) -> Pace:
     """The pace of the `finished` stages (each estimated at the steps it trained). `took`: their seconds;
-    `stepping`: the seconds a finished training stage spent in its steps (from its metrics)."""
+    `stepping`: the seconds a finished training stage spent in its steps (from its metrics); `prior`: seconds of
+    non-step work counted at 1.0x beside those timed (OTHER_PRIOR_SHARE)."""
     estimated: dict[str, float] = {}
     observed: dict[str, float] = {}
     estimated_other = observed_other = 0.0
@@ -87,7 +93,7 @@ def run_pace(finished: dict[str, StageEstimate], took: dict[str, float], steppin
             estimated_other += e.seconds
             observed_other += took[name]
     steps = {kind: _bounded(observed[kind], estimated[kind]) for kind in estimated}
-    return Pace(steps, _bounded(observed_other, estimated_other))
+    return Pace(steps, _bounded(observed_other + prior, estimated_other + prior))
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,7 @@ def time_stage(
 
     at_plan = stages_at(plan.scale)
     finished = {name: ran.get(name, e) for name, e in at_plan.items() if name in took}
-    pace = run_pace(finished, took, stepping)
+    pace = run_pace(finished, took, stepping, OTHER_PRIOR_SHARE * 60 * (plan.budget_minutes or 0.0))
     names = list(at_plan)
     if stage not in at_plan:  # a stage the table (stage_table.py) does not plan has no share of the budget
         raise ValueError(f"{stage!r} is not a stage of this run's plan ({', '.join(names)})")
@@ -179,7 +185,7 @@ def time_stage(
     if stage == "eval":
         zero_shot = at_plan["eval"].fixed_seconds - work.evaluated * c.qa_systems_question
         fits = (allotted / pace.other - zero_shot) / c.qa_systems_question
-        least = min(work.qa_dev, MIN_EVAL_QUESTIONS)
+        least = work.least_evaluated
         return dataclasses.replace(timing, sample=int(min(work.qa_dev, max(least, fits))))
     if stage == "examples":
         held = work.held_out_sentences if work.held_out_sentences is not None else SCORED_SENTENCES

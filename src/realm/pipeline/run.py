@@ -27,7 +27,7 @@ from realm.models.retriever import Retriever
 from realm.pipeline import work as stage_work
 from realm.pipeline.ablations import arm_of, measured_by, paired_exact_match, paired_measures, predictions
 from realm.pipeline.calibrate import calibrate, calibration_settings
-from realm.pipeline.estimate import MIN_EVAL_QUESTIONS, MIN_SCORED_SENTENCES, SCORED_SENTENCES, Workload, trained_preset
+from realm.pipeline.estimate import MIN_SCORED_SENTENCES, SCORED_SENTENCES, Workload, trained_preset
 from realm.pipeline.pace import RunClock, StageTiming
 from realm.pipeline.plan import PipelineOptions, PipelinePlan, plan_run
 from realm.pipeline.records import ExamplesRecord, QAStart
@@ -290,7 +290,7 @@ class Pipeline:
                 preset,
                 folder,
                 deadline,
-                MIN_EVAL_QUESTIONS,
+                self.plan.work.least_evaluated if self.plan else 0,
             )
             named = str(self.options.qa_dev)
             return result | {"question_set": named if named in QUESTION_SETS else None}
