@@ -164,9 +164,9 @@ def answer_questions(
 
 def summarise(
     answered: Sequence[AnsweredQuestion], recall_ks: Sequence[int], reader_top_k: int, exact_match: str, seconds: float
-) -> dict:
+) -> QAScore:
     """Exact match with its 95% bootstrap interval over questions, recall@k, the share of each outcome (percentages
-    rounded to 0.01), the `exact_match` rule and the `seconds` answering took, in QAScore's JSON form."""
+    rounded to 0.01), the `exact_match` rule and the `seconds` answering took."""
     ks = sorted(set(recall_ks) | {reader_top_k})
     outcomes = [a.outcome for a in answered]
     correct = [o == "exact_match" for o in outcomes]
@@ -181,7 +181,7 @@ def summarise(
         len(answered),
         reader_top_k,
         round(seconds, 1),
-    ).to_dict()
+    )
 
 
 def write_predictions(path: Path, answered: Sequence[AnsweredQuestion]) -> None:
@@ -205,7 +205,7 @@ def evaluate_qa(
     answered = answer_questions(answerer, examples, max(recall_ks, default=answerer.k), exact_match)
     if predictions is not None:
         write_predictions(predictions, answered)
-    return summarise(answered, recall_ks, answerer.k, exact_match, time.monotonic() - started)
+    return summarise(answered, recall_ks, answerer.k, exact_match, time.monotonic() - started).to_dict()
 
 
 def compare_predictions(a: Path, b: Path, shared: bool = False) -> dict:

@@ -29,7 +29,6 @@ from realm.eval.mlm import MaskedLMScore, masked_span_accuracy, worked_examples
 from realm.eval.qa import (
     AnsweredQuestion,
     PairedScore,
-    QAScore,
     answer_questions,
     compare_predictions,
     evaluate_qa,
@@ -297,9 +296,7 @@ def evaluate_systems(
     for kind in SYSTEMS:  # in dev file order: the same questions as dev_sample of that many
         answered[kind].sort(key=lambda a: position[id(a.example)])
         write_predictions(folder / f"predictions_{kind}.jsonl", answered[kind])
-        systems[kind] = QAScore.from_dict(
-            summarise(answered[kind], RECALL_KS, answerers[kind].k, "orqa", seconds[kind])
-        )
+        systems[kind] = summarise(answered[kind], RECALL_KS, answerers[kind].k, "orqa", seconds[kind])
     paired = {
         f"{a} - {b}": PairedScore.from_dict(
             compare_predictions(folder / f"predictions_{a}.jsonl", folder / f"predictions_{b}.jsonl")
