@@ -160,8 +160,8 @@ class AblationRow:
 
 def ablation_rows(r: dict, pretrain: PretrainConfig, ict: bool) -> list[AblationRow]:
     """One row per ablation: dense exact match paired over the dev questions both systems answered, as the arm's
-    QA stage recorded it (with a budget the main evaluation answers dev until its clock runs out, the arms the
-    plan's sample of it)."""
+    QA stage recorded it (the arms answer the dev questions the main evaluation answered: with a budget, those its
+    clock allowed)."""
     rows = []
     for a in ablations(pretrain, ict):
         em = r.get(a.other_stage, {}).get("paired")

@@ -16,13 +16,14 @@ from pathlib import Path
 
 from realm.common.deadline import Deadline
 from realm.common.io import write_json_atomic
-from realm.config import Preset
+from realm.config import Preset, StageCosts
 from realm.pipeline.estimate import (
     HELD_OUT_RETRIEVERS,
     MIN_SCORED_SENTENCES,
     MIN_TRAINING_STEPS,
     SCORED_SENTENCES,
     StageEstimate,
+    Workload,
     largest_fitting,
     qa_min_steps,
     retrieval_step_seconds,
@@ -30,6 +31,7 @@ from realm.pipeline.estimate import (
     trained_preset,
 )
 from realm.pipeline.plan import PipelinePlan
+from realm.pipeline.records import EvalRecord
 from realm.pipeline.stage_table import estimate, kind_of
 from realm.pipeline.stages import stepping_seconds
 from realm.pipeline.work import EXAMPLE_POOL
@@ -147,6 +149,19 @@ def _as_it_will_run(name: str, at_plan: dict[str, StageEstimate], ran: dict[str,
     return dataclasses.replace(planned, steps=round(planned.steps * ran[kind].steps / at_plan[kind].steps))
 
 
+def _evaluation(timing: StageTiming, work: Workload, c: StageCosts, zero_shot: float, arms: int) -> StageTiming:
+    """The evaluation's sample, sized with the exact match of the `arms` after it (the ablations' QA stages), which
+    answer the questions it answers (run.py: dev_sample): what is left for exact match is shared at one sample, and
+    the evaluation's share is its allotment. At least MIN_EVAL_QUESTIONS whatever the clock. (The 120-minute
+    --ablations run at 6e8ce53 began its evaluation 5.9 min behind and, held to the plan's 1,496 questions with
+    four arms answering them after it, would have ended near 1.08 of its budget.)"""
+    per_arm = arms * c.qa_question * timing.pace.other
+    shared = timing.allotted + work.evaluated * per_arm  # left out: the arms' exact match at the plan's sample
+    fits = (shared / timing.pace.other - zero_shot) / (c.qa_systems_question + arms * c.qa_question)
+    sample = int(min(work.qa_dev, max(work.least_evaluated, fits)))
+    return dataclasses.replace(timing, allotted=shared - sample * per_arm, sample=sample)
+
+
 def time_stage(
     plan: PipelinePlan,
     costed: Preset,
@@ -155,16 +170,17 @@ def time_stage(
     ran: dict[str, StageEstimate],
     stepping: dict[str, float],
     now: float,
+    work: Workload | None = None,
 ) -> StageTiming:
     """The timing of `stage`, about to begin at `now`: its allotment is the run's deadline less `now` and the
     estimates of the stages after it at the run's pace (each kind of step at its own; the report and process end
     too). `costed`: the preset unscaled, with the plan's costs; `took`: the seconds of every finished stage;
     `ran`: each finished training stage estimated at the steps it trained; `stepping`: the seconds each finished
-    training stage spent in steps. A stage already late gets its least (QA: `qa_min_steps`, the measurements their
+    training stage spent in steps; `work`: the plan's, with the dev questions the evaluation answered once it has. A stage already late gets its least (QA: `qa_min_steps`, the measurements their
     least samples): a run that fell behind overruns rather than hand back a reader that cannot read. A main trainer
     shares what is left with the arms that replay its steps (`replays`), the run's delay spread over all of them."""
     assert plan.deadline is not None
-    work, c = plan.work, costed.costs
+    work, c = work or plan.work, costed.costs
 
     def stages_at(scale: float) -> dict[str, StageEstimate]:
         return {s.name: s for s in estimate(scale_preset(costed, scale, work.qa_train), work)}
@@ -184,9 +200,7 @@ def time_stage(
     timing = StageTiming(stage, now, allotted, pace)
     if stage == "eval":
         zero_shot = at_plan["eval"].fixed_seconds - work.evaluated * c.qa_systems_question
-        fits = (allotted / pace.other - zero_shot) / c.qa_systems_question
-        least = work.least_evaluated
-        return dataclasses.replace(timing, sample=int(min(work.qa_dev, max(least, fits))))
+        return _evaluation(timing, work, c, zero_shot, sum(1 for name in after if kind_of(name) == "qa"))
     if stage == "examples":
         held = work.held_out_sentences if work.held_out_sentences is not None else SCORED_SENTENCES
         fits = allotted / pace.other / c.scored_sentence - min(EXAMPLE_POOL, held)
@@ -239,6 +253,15 @@ class RunClock:
         """The preset unscaled, with the costs the plan was sized with."""
         return dataclasses.replace(self.base_preset, costs=self.plan.preset.costs)
 
+    @property
+    def work(self) -> Workload:
+        """The plan's workload, with the dev questions the evaluation answered once it has (the arms answer those)."""
+        record = self.records.get("eval")
+        answered = EvalRecord.from_dict(record.result).questions if record is not None else None
+        if answered is None:
+            return self.plan.work
+        return dataclasses.replace(self.plan.work, eval_questions=answered.evaluated)
+
     def timing(self, stage: str) -> StageTiming | None:
         """`stage`'s timing, made as it begins (or read back for a resumed stage); None without a budget."""
         if self.plan.budget_minutes is None:
@@ -252,7 +275,7 @@ class RunClock:
         stepping = {name: seconds for name in trained if (seconds := stepping_seconds(self.run_dir / name))}
         timings = stored["stage_timings"]
         ran = {name: e for name in trained if (e := self._trained_estimate(name, timings.get(name))) is not None}
-        timing = time_stage(self.plan, self.costed, stage, took, ran, stepping, time.time())
+        timing = time_stage(self.plan, self.costed, stage, took, ran, stepping, time.time(), self.work)
         stored["stage_timings"][stage] = timing.to_dict()
         write_json_atomic(path, stored)
         late = " (the run is behind: its least)" if timing.allotted <= 0 else ""
@@ -275,4 +298,4 @@ class RunClock:
             return None
         sized = scale_preset(self.costed, timing["scale"], self.plan.work.qa_train)
         ran = trained_preset(sized, kind_of(stage), steps["trained"])
-        return next((e for e in estimate(ran, self.plan.work) if e.name == stage), None)
+        return next((e for e in estimate(ran, self.work) if e.name == stage), None)

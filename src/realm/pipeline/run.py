@@ -320,10 +320,10 @@ class Pipeline:
         )
 
     def dev_sample(self) -> list[QAExample]:
-        """The dev questions evaluation answers without a budget, and the ablations with one (each compared on the
-        same questions): a seeded sample (work.py: dev_sample) of the plan's size."""
+        """The dev questions evaluation answers without a budget, and the ablations after it (each compared on the
+        same questions): a seeded sample (work.py: dev_sample) of the plan's size, or of as many as it answered."""
         assert self.plan is not None
-        return stage_work.dev_sample(self.qa_dev, self.plan.work.eval_questions)
+        return stage_work.dev_sample(self.qa_dev, self.clock.work.eval_questions)
 
     def measure(self, name: str, pretrained: StageRecord, index: StageRecord, preset: Preset) -> StageRecord:
         """An arm's zero-shot recall on every dev question and its masked-LM gain on the held-out sentences the main
