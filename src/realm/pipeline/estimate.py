@@ -77,7 +77,7 @@ class Workload:
 
     def measured(self, share: float) -> Workload:
         """The workload with `share` (0: the least, 1: all) of the dev questions and held-out sentences measured."""
-        least_q, least_s = min(self.qa_dev, MIN_EVAL_QUESTIONS), min(SCORED_SENTENCES, MIN_SCORED_SENTENCES)
+        least_q, least_s = self.least_evaluated, min(SCORED_SENTENCES, MIN_SCORED_SENTENCES)
         questions = round(least_q + share * (self.qa_dev - least_q))
         sentences = round(least_s + share * (SCORED_SENTENCES - least_s))
         return dataclasses.replace(

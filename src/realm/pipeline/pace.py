@@ -176,8 +176,8 @@ def time_stage(
     estimates of the stages after it at the run's pace (each kind of step at its own; the report and process end
     too). `costed`: the preset unscaled, with the plan's costs; `took`: the seconds of every finished stage;
     `ran`: each finished training stage estimated at the steps it trained; `stepping`: the seconds each finished
-    training stage spent in steps; `work`: the plan's, with the dev questions the evaluation answered once it has. A stage already late gets its least (QA: `qa_min_steps`, the measurements their
-    least samples): a run that fell behind overruns rather than hand back a reader that cannot read. A main trainer
+    training stage spent in steps; `work`: the plan's, with the dev questions the evaluation answered once it has.
+    A stage already late gets its least (QA: `qa_min_steps`, the measurements their least samples): a run that fell behind overruns rather than hand back a reader that cannot read. A main trainer
     shares what is left with the arms that replay its steps (`replays`), the run's delay spread over all of them."""
     assert plan.deadline is not None
     work, c = work or plan.work, costed.costs
@@ -274,8 +274,9 @@ class RunClock:
         trained = {s.name for s in self.plan.stages if s.steps} & took.keys()
         stepping = {name: seconds for name in trained if (seconds := stepping_seconds(self.run_dir / name))}
         timings = stored["stage_timings"]
-        ran = {name: e for name in trained if (e := self._trained_estimate(name, timings.get(name))) is not None}
-        timing = time_stage(self.plan, self.costed, stage, took, ran, stepping, time.time(), self.work)
+        work = self.work
+        ran = {n: e for n in trained if (e := self._trained_estimate(n, timings.get(n), work)) is not None}
+        timing = time_stage(self.plan, self.costed, stage, took, ran, stepping, time.time(), work)
         stored["stage_timings"][stage] = timing.to_dict()
         write_json_atomic(path, stored)
         late = " (the run is behind: its least)" if timing.allotted <= 0 else ""
@@ -290,12 +291,12 @@ class RunClock:
             return self.plan.preset, None
         return scale_preset(self.costed, timing.scale, self.plan.work.qa_train), timing.timed
 
-    def _trained_estimate(self, stage: str, timing: dict | None) -> StageEstimate | None:
+    def _trained_estimate(self, stage: str, timing: dict | None, work: Workload) -> StageEstimate | None:
         """A finished training stage's estimate at the steps it trained (its steps.json), for the run's pace
-        (`timing`: the stage's, from plan.json)."""
+        (`timing`: the stage's, from plan.json; `work`: the run's, `RunClock.work`)."""
         steps = read_steps(self.run_dir / stage)
         if steps is None or timing is None or timing.get("scale") is None:
             return None
         sized = scale_preset(self.costed, timing["scale"], self.plan.work.qa_train)
         ran = trained_preset(sized, kind_of(stage), steps["trained"])
-        return next((e for e in estimate(ran, self.work) if e.name == stage), None)
+        return next((e for e in estimate(ran, work) if e.name == stage), None)
