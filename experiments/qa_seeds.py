@@ -28,6 +28,8 @@ from realm.config import QAConfig, RetrieverConfig, get_preset, read_run_config
 from realm.data.qa_examples import load_qa
 from realm.data.sources import squad_question_titles
 from realm.eval.qa import compare_predictions
+from realm.pipeline.ablations import predictions as pipeline_predictions
+from realm.pipeline.stage_table import MAIN_QA
 from realm.pipeline.work import finetune, split_training_questions
 from realm.training.checkpoints import latest_checkpoint
 
@@ -37,8 +39,8 @@ ABLATION_PAIRS = ["qa:qa_ict", "qa:qa_uniform", "qa:qa_trained", "qa_trained:qa_
 
 
 def stage_predictions(run: Path, stage: str) -> Path:
-    """The dense predictions the pipeline wrote for a QA stage: the main one's in eval/, an ablation's in its own."""
-    return run / ("eval" if stage == "qa" else stage) / "predictions_dense.jsonl"
+    """The dense predictions the pipeline wrote for a QA stage: the main one's in eval/, an ablation's in arms_eval/."""
+    return pipeline_predictions(run, MAIN_QA if stage == "qa" else stage)
 
 
 def stage_config(run: Path, stage: str) -> dict:

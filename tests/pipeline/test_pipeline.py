@@ -13,6 +13,7 @@ import pytest
 from conftest import DOCS, TINY_CORPUS, TINY_EMBED, TINY_QA, TINY_RETRIEVER
 
 from realm.config import ICTConfig, IndexConfig, Preset, PretrainConfig, ReadingConfig, StageCosts, get_preset
+from realm.data.qa_examples import load_qa
 from realm.index.mips import current_version, read_meta
 from realm.models.retriever import Retriever
 from realm.pipeline.calibrate import FINAL_SECONDS
@@ -26,9 +27,9 @@ from realm.pipeline.estimate import (
 )
 from realm.pipeline.plan import PipelineOptions, plan_pipeline
 from realm.pipeline.run import Pipeline
-from realm.pipeline.stage_table import BEFORE_PLAN
+from realm.pipeline.stage_table import ARMS_EVAL, BEFORE_PLAN
 from realm.pipeline.stages import STAGES, Stages, describe_input
-from realm.pipeline.work import EXAMPLE_POOL
+from realm.pipeline.work import EXAMPLE_POOL, dev_order
 
 
 def test_budget_scales_every_training_stage_to_fit():
@@ -235,9 +236,11 @@ def test_a_few_slow_seconds_do_not_set_the_pace_and_under_ablations_the_evaluati
     assert timing.pace.other == pytest.approx(1.0)
     rest = sum(at_512[name].seconds for name in names[names.index("examples") + 1 :]) + c.fixed_seconds
     assert timing.allotted == pytest.approx(55 * 60 - now - rest)
-    assert at_512["qa_ict"].seconds == pytest.approx(
-        planned["qa_ict"].seconds - (plan.work.evaluated - 512) * c.qa_question
+    assert at_512["qa_ict"].seconds == planned["qa_ict"].seconds  # fine-tuning alone; the arms answer last
+    assert at_512[ARMS_EVAL].seconds == pytest.approx(
+        planned[ARMS_EVAL].seconds - len(arms) * (plan.work.evaluated - 512) * c.qa_question
     )
+    assert names[-1] == ARMS_EVAL  # the run's last stage: a run behind answers fewer questions there
     assert dataclasses.replace(work, eval_questions=800).least_evaluated == 300
 
 
@@ -499,6 +502,7 @@ TINY_PIPELINE = Preset(
     qa=dataclasses.replace(TINY_QA, epochs=1),
     reading=ReadingConfig(epochs=1.0, batch_size=2, depth=4, lr=1e-3, checkpoint_every=2, log_every=1),
 )
+ARM_QA = ("qa_ict", "qa_uniform", "qa_trained", "qa_frozen")  # the arms' QA stages (cpu: a fixed document tower)
 QUESTIONS = [
     ("What is the capital of France?", "Paris"),
     ("Where was Bach born?", "Eisenach"),
@@ -559,6 +563,7 @@ def test_pipeline_runs_every_stage_then_skips_them(tiny_run):
         "measure_uniform",
         "measure_trained",
         "measure_frozen",
+        ARMS_EVAL,
     ):
         assert (run / STAGES / f"{stage}.json").is_file(), stage
         config = json.loads((run / stage / "config.json").read_text())  # every stage saves the config it ran with
@@ -907,16 +912,17 @@ def test_the_report_names_the_reader_warmup_and_loss_of_pretraining():
     assert pretraining_setting(papers).endswith("reader loss marginal")
 
 
-def test_a_budgeted_ablations_run_on_more_than_300_dev_questions_compares_the_questions_both_answered(
-    tiny_run, monkeypatch
-):
+def test_a_budgeted_ablations_run_compares_the_questions_both_answered_and_its_last_stage_gives(tiny_run, monkeypatch):
     """With a budget the main evaluation answers dev in its seeded order until its clock runs out: 320 against the
     plan's sample of 300 once made the report's paired comparison refuse the arms, after the first ablated stage
     (`realm: error: ... do not hold the same questions in the same order`), and a rerun failed again one stage
-    further. The arms now answer the questions the main evaluation answered. Training steps fixed here (the budget
-    sizes only the evaluation), so that the test is quick."""
+    further. The arms answer the questions the main evaluation answered, in the run's last stage (arms_eval), all
+    in lockstep until the deadline: the 120-minute run at 6e8ce53 fell ~19 min behind over its arms, and nothing
+    after them could give. Late here, the arms answer their least (300, in chunks of 64: 320) of the 400 the main
+    evaluation answered, the same ones, and the rows pair over those. Training steps fixed here (the budget sizes
+    only the evaluations), so that the test is quick."""
     dev = tiny_run.run_dir.parent / "dev.jsonl"
-    asked = [(f"{q[:-1]} ({i})?", a) for i in range(54) for q, a in QUESTIONS][:320]
+    asked = [(f"{q[:-1]} ({i})?", a) for i in range(67) for q, a in QUESTIONS][:400]
     dev.write_text("".join(json.dumps({"question": q, "answer": [a]}) + "\n" for q, a in asked))
     options = dataclasses.replace(tiny_run, qa_dev=dev, budget_minutes=30)
 
@@ -924,23 +930,34 @@ def test_a_budgeted_ablations_run_on_more_than_300_dev_questions_compares_the_qu
         self.timed(stage)
         return self.base_preset, None
 
-    planned = Pipeline.make_plan
+    planned, timed = Pipeline.make_plan, Pipeline.timed
 
     def make_plan(self, work, calibration=None):  # a budget too tight for all of dev: the plan samples 300
         plan = planned(self, work, calibration)
         return dataclasses.replace(plan, work=dataclasses.replace(plan.work, eval_questions=300))
 
+    def late(self, stage):  # the run fell behind by its last stage
+        timing = timed(self, stage)
+        return dataclasses.replace(timing, allotted=-60.0) if stage == ARMS_EVAL and timing else timing
+
     monkeypatch.setattr(Pipeline, "sized", sized)
     monkeypatch.setattr(Pipeline, "make_plan", make_plan)
+    monkeypatch.setattr(Pipeline, "timed", late)
     report = Pipeline(options, TINY_PIPELINE, lambda _: None).run()
     run = options.run_dir
-    main_answered = (run / "eval" / "predictions_dense.jsonl").read_text().count("\n")
-    assert main_answered == 320  # its clock allowed all of dev (30 minutes)
-    for arm in ("qa_ict", "qa_uniform", "qa_trained", "qa_frozen"):
-        assert (run / arm / "predictions_dense.jsonl").read_text().count("\n") == 320, arm
+    main_answered = (run / "eval" / "predictions_dense.jsonl").read_text().splitlines()
+    assert len(main_answered) == 400  # its clock allowed all of dev (30 minutes)
+    answered = {arm: (run / ARMS_EVAL / f"{arm}.jsonl").read_text().splitlines() for arm in ARM_QA}
+    questions = {arm: [json.loads(line)["question"] for line in lines] for arm, lines in answered.items()}
+    assert all(q == questions["qa_ict"] for q in questions.values()) and len(questions["qa_ict"]) == 320
+    assert set(questions["qa_ict"]) < {json.loads(line)["question"] for line in main_answered}
+    order = [e.question for e in dev_order(load_qa(dev))]
+    assert set(questions["qa_ict"]) == set(order[:320])  # the first of the evaluation's seeded order
+    record = json.loads((run / STAGES / f"{ARMS_EVAL}.json").read_text())["result"]
+    assert record["questions"]["evaluated"] == 320 and record["questions"]["offered"] == 400
     ablations = report.read_text().split("## Ablations")[1].split("##")[0]
     rows = [line for line in ablations.splitlines() if line.startswith(("| retriever |", "| masking |", "| index |"))]
-    assert len(rows) == 3 and all(row.rstrip().endswith("| 320 |") for row in rows)  # paired over all it answered
+    assert len(rows) == 3 and all(row.rstrip().endswith("| 320 |") for row in rows)  # paired over what both answered
 
 
 def test_compare_on_shared_questions_pairs_each_question_once(tmp_path):

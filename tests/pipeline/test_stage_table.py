@@ -35,6 +35,7 @@ def test_the_table_orders_the_stages_each_run_takes():
         *("realm_uniform", "realm_uniform_index", "measure_uniform", "qa_uniform"),
         *("realm_trained", "realm_trained_index", "measure_trained", "qa_trained"),  # cpu: a fixed document tower
         *("realm_frozen", "realm_frozen_index", "measure_frozen", "qa_frozen"),
+        "arms_eval",  # every arm's exact match last: a run behind answers fewer questions there
     ]
     for stage in run_stages(cpu, dataclasses.replace(WORK, ablations=True)):
         assert kind_of(stage.name) == stage.kind, stage.name  # the report and the pace read the table's kinds
@@ -61,7 +62,10 @@ def test_ablating_a_setting_is_one_entry(monkeypatch):
     assert arms(cpu.pretrain)[-1] is alone
     work = dataclasses.replace(WORK, ablations=True)
     planned = {s.name: s for s in estimate(cpu, work)}
-    assert list(planned)[-4:] == ["realm_null", "realm_null_index", "measure_null", "qa_null"]
+    assert list(planned)[-5:] == ["realm_null", "realm_null_index", "measure_null", "qa_null", "arms_eval"]
+    arms_eval = next(s for s in run_stages(cpu, work) if s.name == "arms_eval")
+    answering = 5 * WORK.evaluated * cpu.costs.qa_question  # every arm answers the evaluation's questions
+    assert arms_eval.reads[-1] == "qa_null" and planned["arms_eval"].fixed_seconds == pytest.approx(answering)
     assert planned["realm_null"].step_seconds < planned["realm"].step_seconds  # no retrieval: cheaper steps
     assert kind_of("realm_null") == "realm" and kind_of("qa_null") == "qa" and kind_of("realm_null_index") is None
     rows = {a.what: a for a in ablations(cpu.pretrain, ict=False)}

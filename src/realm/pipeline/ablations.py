@@ -15,7 +15,7 @@ from realm.eval.qa import PairedScore, compare_predictions
 from realm.pipeline.curves import plot_runs
 from realm.pipeline.document import ReportDocument
 from realm.pipeline.records import EvalRecord
-from realm.pipeline.stage_table import ARMS, MAIN_QA, Arm, arms
+from realm.pipeline.stage_table import ARMS, ARMS_EVAL, MAIN_QA, Arm, arms
 from realm.training.metrics import read_metrics
 
 
@@ -59,14 +59,15 @@ DETECTABLE_IN_SE = 1.96 + 0.84  # a true difference this many standard errors is
 
 
 def predictions(run_dir: Path, stage: str) -> Path:
-    return run_dir / stage / "predictions_dense.jsonl"
+    """The dense predictions of a fine-tuned system: the main run's (MAIN_QA), or an arm's by its QA stage's name."""
+    return run_dir / stage / "predictions_dense.jsonl" if stage == MAIN_QA else run_dir / ARMS_EVAL / f"{stage}.jsonl"
 
 
 @dataclass(frozen=True)
 class PairedFigure:
     """A figure of the system an arm is compared with (`ours`) and of the arm (`other`) over the same items, and
-    their paired difference ours - other with its 95% bootstrap interval. Written into the arm's stage record as it
-    finishes (`to_dict`), so that the report and the results page read Table 2 from records alone."""
+    their paired difference ours - other with its 95% bootstrap interval. Written into the stage records that
+    measure it (`to_dict`), so that the report and the results page read Table 2 from records alone."""
 
     ours: float
     other: float
@@ -159,12 +160,13 @@ class AblationRow:
 
 
 def ablation_rows(r: dict, pretrain: PretrainConfig, ict: bool) -> list[AblationRow]:
-    """One row per ablation: dense exact match paired over the dev questions both systems answered, as the arm's
-    QA stage recorded it (the arms answer the dev questions the main evaluation answered: with a budget, those its
-    clock allowed)."""
+    """One row per ablation: dense exact match paired over the dev questions both systems answered, as the run's
+    last stage recorded it (ARMS_EVAL: the arms answer the dev questions the main evaluation answered, with a
+    budget as many as its clock allowed)."""
     rows = []
+    paired_em = r.get(ARMS_EVAL, {}).get("paired", {})
     for a in ablations(pretrain, ict):
-        em = r.get(a.other_stage, {}).get("paired")
+        em = paired_em.get(a.other_stage)
         rows.append(AblationRow(a, PairedFigure.from_dict(em) if em else None))
     return rows
 

@@ -72,7 +72,7 @@ class Workload:
     @property
     def least_evaluated(self) -> int:
         """The fewest dev questions the evaluation answers whatever the clock (MIN_EVAL_QUESTIONS); under --ablations
-        every arm answers the same ones after it (pipeline/pace.py sizes them together)."""
+        the arms answer at least as many of the same ones, in the run's last stage (pipeline/pace.py: _evaluation)."""
         return min(self.qa_dev, MIN_EVAL_QUESTIONS)
 
     def measured(self, share: float) -> Workload:
@@ -227,10 +227,13 @@ def qa_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
     return steps, c.qa_step, fixed
 
 
-def arm_qa_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
-    """An arm's fine-tuning, and its dense evaluation on the main run's sample."""
-    steps, step, fixed = qa_cost(preset, work)
-    return steps, step, fixed + work.evaluated * preset.costs.qa_question
+def arms_eval_cost(arms: int) -> Cost:
+    """The `arms` ablation arms' dense exact match on the main evaluation's sample, the run's last stage."""
+
+    def cost(preset: Preset, work: Workload) -> tuple[int, float, float]:
+        return 0, 0.0, arms * work.evaluated * preset.costs.qa_question
+
+    return cost
 
 
 def eval_cost(preset: Preset, work: Workload) -> tuple[int, float, float]:

@@ -32,7 +32,7 @@ from realm.pipeline.estimate import (
 )
 from realm.pipeline.plan import PipelinePlan
 from realm.pipeline.records import EvalRecord
-from realm.pipeline.stage_table import estimate, kind_of
+from realm.pipeline.stage_table import ARMS_EVAL, arms, estimate, kind_of
 from realm.pipeline.stages import stepping_seconds
 from realm.pipeline.work import EXAMPLE_POOL
 from realm.training.schedule import TimedSteps, read_steps
@@ -149,15 +149,16 @@ def _as_it_will_run(name: str, at_plan: dict[str, StageEstimate], ran: dict[str,
     return dataclasses.replace(planned, steps=round(planned.steps * ran[kind].steps / at_plan[kind].steps))
 
 
-def _evaluation(timing: StageTiming, work: Workload, c: StageCosts, zero_shot: float, arms: int) -> StageTiming:
-    """The evaluation's sample, sized with the exact match of the `arms` after it (the ablations' QA stages), which
-    answer the questions it answers (run.py: dev_sample): what is left for exact match is shared at one sample, and
-    the evaluation's share is its allotment. At least MIN_EVAL_QUESTIONS whatever the clock. (The 120-minute
+def _evaluation(timing: StageTiming, work: Workload, c: StageCosts, zero_shot: float, answering: int) -> StageTiming:
+    """The evaluation's sample, sized with the exact match of the `answering` arms (ARMS_EVAL, the run's last
+    stage), which answer the questions it answers: what is left for exact match is shared at one sample, and the
+    evaluation's share is its allotment. At least MIN_EVAL_QUESTIONS whatever the clock. (The 120-minute
     --ablations run at 6e8ce53 began its evaluation 5.9 min behind and, held to the plan's 1,496 questions with
-    four arms answering them after it, would have ended near 1.08 of its budget.)"""
-    per_arm = arms * c.qa_question * timing.pace.other
+    four arms answering them after it, would have ended near 1.08 of its budget; now the arms, last, answer fewer
+    of them where the run has fallen further behind.)"""
+    per_arm = answering * c.qa_question * timing.pace.other
     shared = timing.allotted + work.evaluated * per_arm  # left out: the arms' exact match at the plan's sample
-    fits = (shared / timing.pace.other - zero_shot) / (c.qa_systems_question + arms * c.qa_question)
+    fits = (shared / timing.pace.other - zero_shot) / (c.qa_systems_question + answering * c.qa_question)
     sample = int(min(work.qa_dev, max(work.least_evaluated, fits)))
     return dataclasses.replace(timing, allotted=shared - sample * per_arm, sample=sample)
 
@@ -200,7 +201,7 @@ def time_stage(
     timing = StageTiming(stage, now, allotted, pace)
     if stage == "eval":
         zero_shot = at_plan["eval"].fixed_seconds - work.evaluated * c.qa_systems_question
-        return _evaluation(timing, work, c, zero_shot, sum(1 for name in after if kind_of(name) == "qa"))
+        return _evaluation(timing, work, c, zero_shot, len(arms(costed.pretrain)) if ARMS_EVAL in after else 0)
     if stage == "examples":
         held = work.held_out_sentences if work.held_out_sentences is not None else SCORED_SENTENCES
         fits = allotted / pace.other / c.scored_sentence - min(EXAMPLE_POOL, held)

@@ -108,8 +108,8 @@ class PipelinePlan:
             named = [arm.setting for arm in arms(p.pretrain)]
             measured += (
                 f"; {len(named)} ablation arms ({', '.join(named)}), each trained as long as the main stages, "
-                f"scored on the same {w.evaluated:,} dev questions (exact match), on all {w.qa_dev:,} (zero-shot "
-                "recall@5) and on the main run's held-out sentences"
+                f"scored on the same {w.evaluated:,} dev questions (exact match, last: fewer where the run is "
+                f"behind), on all {w.qa_dev:,} (zero-shot recall@5) and on the main run's held-out sentences"
             )
         short = (
             f"; REALM's reader warm-up gets {p.pretrain.null_warmup_steps:,} of the {reader_warmup_steps(p.pretrain):,} steps after "

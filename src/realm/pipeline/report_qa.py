@@ -8,6 +8,7 @@ from realm.pipeline.ablations import start_retriever
 from realm.pipeline.document import ReportDocument
 from realm.pipeline.plan import PipelinePlan
 from realm.pipeline.records import DevQuestions, EvalRecord, QAStart
+from realm.pipeline.stage_table import ARMS_EVAL
 
 SYSTEM_LABELS = {
     "dense": "{retriever} retriever ({tower}) + reader",
@@ -116,10 +117,11 @@ def qa_tables(doc: ReportDocument, r: dict, plan: PipelinePlan) -> None:
         "the prediction shares no word with it, or shares a word but is not exact (percent of all questions)."
     )
     systems = {label.format(retriever=chosen, tower=tower): ev.systems[kind] for kind, label in SYSTEM_LABELS.items()}
-    if "qa_ict" in r and "dense" in r["qa_ict"]:
+    retriever_ablation = r.get(ARMS_EVAL, {}).get("dense", {}).get("qa_ict")
+    if retriever_ablation is not None:
         start = start_retriever(bool(plan.preset.ict.steps))
         label = f"{start} + REALM's reader, fine-tuned (the retriever ablation)"
-        systems[label] = QAScore.from_dict(r["qa_ict"]["dense"])
+        systems[label] = QAScore.from_dict(retriever_ablation)
     rows = []
     for label, score in systems.items():
         rows.append(

@@ -30,9 +30,9 @@ from realm.pipeline.calibrate import calibrate, calibration_settings
 from realm.pipeline.estimate import MIN_SCORED_SENTENCES, SCORED_SENTENCES, Workload, trained_preset
 from realm.pipeline.pace import RunClock, StageTiming
 from realm.pipeline.plan import PipelineOptions, PipelinePlan, plan_run
-from realm.pipeline.records import ExamplesRecord, QAStart
+from realm.pipeline.records import EvalRecord, ExamplesRecord, QAStart
 from realm.pipeline.report import write_report
-from realm.pipeline.stage_table import INDEXES_BUILT_BY, Stage, kind_of, run_stages
+from realm.pipeline.stage_table import ARMS_EVAL, INDEXES_BUILT_BY, MAIN_QA, Stage, kind_of, run_stages
 from realm.pipeline.stages import StageRecord, Stages, describe_input, last_metrics
 from realm.recipes.finetune_qa import qa_settings
 from realm.recipes.ict import ict_settings, train_ict
@@ -169,39 +169,18 @@ class Pipeline:
         preset: Preset,
         after: list[StageRecord],
         reader: Path | None = None,
-        evaluate: bool = False,
         timed: TimedSteps | None = None,
-        compared_with: str | None = None,
     ) -> StageRecord:
-        """Open-QA fine-tuning over a frozen index, its steps ending by `timed` (None: the preset's), and for the
-        ablations dense evaluation on the dev sample."""
-
-        evaluated = self.dev_sample() if evaluate else None
+        """Open-QA fine-tuning over a frozen index, its steps ending by `timed` (None: the preset's)."""
 
         def work(folder: Path, resume: bool) -> dict:
-            result = stage_work.finetune(
-                model_folder,
-                index_folder,
-                reader,
-                self.qa_train,
-                self.qa_held_out,
-                preset,
-                folder,
-                resume,
-                self.options.progress,
-                evaluated,
-                timed,
-            )
-            if compared_with is None:
-                return result
-            theirs = predictions(self.run_dir, compared_with)  # an arm's exact match, paired as it finishes
-            return result | {"paired": paired_exact_match(theirs, predictions(self.run_dir, name)).to_dict()}
+            train, held_out, progress = self.qa_train, self.qa_held_out, self.options.progress
+            args = (model_folder, index_folder, reader, train, held_out, preset, folder, resume, progress)
+            return stage_work.finetune(*args, None, timed)
 
         settings = qa_settings(preset) | {
             "after": [r.fingerprint for r in after],
-            "evaluate": len(evaluated) if evaluated is not None else False,
             "reader": str(reader) if reader else None,
-            "compared_with": compared_with,
             "data": [describe_input(str(path)) for path in self.qa_files],
             "held_out": self.selection(),
         }
@@ -320,10 +299,36 @@ class Pipeline:
         )
 
     def dev_sample(self) -> list[QAExample]:
-        """The dev questions evaluation answers without a budget, and the ablations after it (each compared on the
-        same questions): a seeded sample (work.py: dev_sample) of the plan's size, or of as many as it answered."""
+        """The dev questions evaluation answers without a budget: a seeded sample (work.py: dev_sample) of the plan's
+        size."""
         assert self.plan is not None
-        return stage_work.dev_sample(self.qa_dev, self.clock.work.eval_questions)
+        return stage_work.dev_sample(self.qa_dev, self.plan.work.eval_questions)
+
+    def arms_eval(self, stage: Stage, done: dict[str, StageRecord]) -> StageRecord:
+        """Every arm's dense exact match on the dev questions the main evaluation answered, in its order, all arms
+        in lockstep until the run's deadline (the run's last stage: behind, fewer questions), each paired with the
+        system it is compared with (ablations.py: ablation_rows reads them)."""
+        assert self.plan is not None
+        preset, table = self.plan.preset, {s.name: s for s in run_stages(self.plan.preset, self.plan.work)}
+        fine_tuned = {
+            name: (self.stages.output(name, "best"), self.stages.output(table[name].reads[1], "index"))
+            for name in stage.reads[1:]  # each arm's QA stage: its model, and the index it fine-tuned over
+        }
+        answered = EvalRecord.from_dict(done[MAIN_QA].result).questions
+        offered = stage_work.dev_order(self.qa_dev)[: answered.evaluated if answered else len(self.qa_dev)]
+        timing = self.timed(stage.name)
+        deadline = None if timing is None else timing.deadline
+
+        def work(folder: Path, resume: bool) -> dict:
+            least = self.plan.work.least_evaluated if self.plan else 0
+            result = stage_work.arms_exact_match(fine_tuned, self.qa_dev, offered, preset, folder, deadline, least)
+            ours = {name: arm_of(name).compared_with(preset.pretrain) for name in fine_tuned}
+            pair = lambda a, b: paired_exact_match(predictions(self.run_dir, a), predictions(self.run_dir, b))  # noqa: E731
+            return result | {"paired": {name: pair(ours[name], name).to_dict() for name in fine_tuned}}
+
+        after = [done[name].fingerprint for name in stage.reads]
+        settings = {"after": after, "questions": len(offered), "until": deadline.at if deadline else None}
+        return self.stages.run(stage.name, settings, work)
 
     def measure(self, name: str, pretrained: StageRecord, index: StageRecord, preset: Preset) -> StageRecord:
         """An arm's zero-shot recall on every dev question and its masked-LM gain on the held-out sentences the main
@@ -470,6 +475,8 @@ class Pipeline:
             return self.qa_start(preset, self.retrievers(done))
         if stage.name == "examples":
             return self.examples(preset, done["realm"])
+        if stage.name == ARMS_EVAL:
+            return self.arms_eval(stage, done)
         chosen = done["qa_start"]
         began_from = QAStart.from_dict(chosen.result)
         index_stage, retriever_folder = self.retrievers(done)[began_from.retriever]
@@ -483,14 +490,11 @@ class Pipeline:
             after = [chosen, done["read"]] if "read" in done else [chosen]
             reader = self.stages.output(done["read"], "reader") if "read" in done else reader
             qa_preset, timed = self.sized("qa")
-            return self.finetune(
-                "qa", retriever_folder.parent, index_folder, qa_preset, after, reader=reader, timed=timed
-            )
+            return self.finetune("qa", retriever_folder.parent, index_folder, qa_preset, after, reader, timed)
         assert stage.kind == "qa" and stage.arm is not None, stage.name
         qa_trained = self.trained("qa", self.sized("qa")[0])
-        ours = arm_of(stage.name).compared_with(preset.pretrain)  # the system the arm is compared with
         pretrained, arm_index = reads  # the arm without REALM pretraining: REALM's start and its index
         # ... with the main arm's reader start (REALM's): the retriever alone differs
         realm_reader = self.stages.output("realm", "reader") if not stage.changes else None
         start, index = self.stages.output(pretrained), self.stages.output(arm_index, "index")
-        return self.finetune(stage.name, start, index, qa_trained, [arm_index], realm_reader, True, None, ours)
+        return self.finetune(stage.name, start, index, qa_trained, [arm_index], realm_reader)

@@ -20,8 +20,8 @@ from realm.pipeline.estimate import (
     Cost,
     StageEstimate,
     Workload,
-    arm_qa_cost,
     arm_realm_cost,
+    arms_eval_cost,
     eval_cost,
     examples_cost,
     ict_cost,
@@ -36,6 +36,9 @@ from realm.pipeline.estimate import (
 # run before anything can be estimated: their minutes count against the budget as they took
 BEFORE_PLAN = ("corpus", "warm_start", "baseline_index", "calibration")
 MAIN_QA = "eval"  # the stage holding the main system's dense predictions, which each arm is compared with
+# the run's last stage under --ablations: every arm's dense exact match on the questions MAIN_QA answered, in lockstep
+# until the run's deadline (work.py: arms_exact_match), so that a slow hour costs questions, not the budget
+ARMS_EVAL = "arms_eval"
 # the indexes of the retrievers QA chooses among, in stage order: the retriever's label, the stage that trained it
 INDEXES_BUILT_BY = {
     "baseline_index": ("off-the-shelf", "warm_start"),
@@ -143,14 +146,16 @@ def run_stages(preset: Preset, work: Workload) -> list[Stage]:
     if work.ablations:
         for arm in arms(preset.pretrain):
             stages += arm_stages(arm, start, start_index)
+        fine_tuned = tuple(f"qa_{arm.name}" for arm in arms(preset.pretrain))
+        stages.append(Stage(ARMS_EVAL, None, (MAIN_QA, *fine_tuned), arms_eval_cost(len(fine_tuned))))
     return stages
 
 
 def arm_stages(arm: Arm, start: str, start_index: str) -> list[Stage]:
-    """An arm's stages: REALM pretrained with its changes, its index, its paired measures and QA; without
-    pretraining, QA from REALM's start (`start`, its index `start_index`)."""
+    """An arm's stages: REALM pretrained with its changes, its index, its paired measures and QA fine-tuning (its
+    exact match: ARMS_EVAL); without pretraining, QA from REALM's start (`start`, its index `start_index`)."""
     if arm.changes is None:
-        return [Stage(f"qa_{arm.name}", "qa", (start, start_index), arm_qa_cost, arm.name)]
+        return [Stage(f"qa_{arm.name}", "qa", (start, start_index), qa_cost, arm.name)]
     changes = tuple(arm.changes.items())
     realm, index = f"realm_{arm.name}", f"realm_{arm.name}_index"
     return [
@@ -158,7 +163,7 @@ def arm_stages(arm: Arm, start: str, start_index: str) -> list[Stage]:
         Stage(index, None, (realm, "corpus"), index_cost, arm.name, changes),
         # zero-shot recall@5 and the held-out masked-LM gain, paired with the main run's (eval, examples)
         Stage(f"measure_{arm.name}", None, (realm, index, "eval", "examples"), measure_cost, arm.name, changes),
-        Stage(f"qa_{arm.name}", "qa", (realm, index), arm_qa_cost, arm.name, changes),
+        Stage(f"qa_{arm.name}", "qa", (realm, index), qa_cost, arm.name, changes),
     ]
 
 

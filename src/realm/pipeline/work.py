@@ -353,6 +353,34 @@ def answer_until(
     return answered, seconds
 
 
+def arms_exact_match(
+    fine_tuned: dict[str, tuple[Path, Path]],
+    dev: Sequence[QAExample],
+    offered: Sequence[QAExample],
+    preset: Preset,
+    folder: Path,
+    deadline: Deadline | None = None,
+    least: int = 0,
+) -> dict:
+    """The ablation arms' dense exact match, the run's last stage: each fine-tuned system (its QA stage -> (its best
+    model, the index it retrieves from)) answers the dev questions `offered` (`dev`'s own examples: those the main
+    evaluation answered, in its order) in lockstep until `deadline` (None: all; at least `least`), so that every arm
+    answers the same questions and a run that fell behind answers fewer of them rather than overrun its budget.
+    Each arm's predictions go to `folder`/<stage>.jsonl, in dev file order."""
+    answerers = {stage: load_answerer(str(best), index, preset) for stage, (best, index) in fine_tuned.items()}
+    limit = deadline.limit(least) if deadline is not None else None  # its pace timed from here
+    answered, seconds = answer_until(answerers, offered, limit)
+    position = {id(e): i for i, e in enumerate(dev)}
+    dense = {}
+    for stage, answers in answered.items():
+        answers.sort(key=lambda a: position[id(a.example)])
+        write_predictions(folder / f"{stage}.jsonl", answers)
+        dense[stage] = summarise(answers, RECALL_KS, answerers[stage].k, "orqa", seconds[stage]).to_dict()
+    until = limit.to_dict() if limit is not None else None
+    questions = DevQuestions(len(next(iter(answered.values()))), len(dev), DEV_SAMPLE_SEED, len(offered), until)
+    return {"questions": questions.to_dict(), "dense": dense}
+
+
 def qa_figures(evaluation: EvalRecord) -> dict[str, str]:
     """The fine-tuned model's figures for its card: EM with its interval and recall@5, with each retriever."""
     figures = {}
