@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -292,11 +292,8 @@ def evaluate_systems(
         limit.to_dict() if limit is not None else None,
     )
     position = {id(e): i for i, e in enumerate(dev)}
-    systems = {}
-    for kind in SYSTEMS:  # in dev file order: the same questions as dev_sample of that many
-        answered[kind].sort(key=lambda a: position[id(a.example)])
-        write_predictions(folder / f"predictions_{kind}.jsonl", answered[kind])
-        systems[kind] = summarise(answered[kind], RECALL_KS, answerers[kind].k, "orqa", seconds[kind])
+    # in dev file order: the same questions as dev_sample of that many
+    systems = scored_in_file_order(answered, answerers, seconds, position, lambda kind: f"predictions_{kind}", folder)
     paired = {
         f"{a} - {b}": PairedScore.from_dict(
             compare_predictions(folder / f"predictions_{a}.jsonl", folder / f"predictions_{b}.jsonl")
@@ -353,6 +350,17 @@ def answer_until(
     return answered, seconds
 
 
+def scored_in_file_order(
+    answered: dict, answerers: dict, seconds: dict, position: dict, file_name: Callable, folder: Path
+):
+    """Each system's answers (`answer_until`) sorted into dev file order (`position`: a question's row), written to
+    `folder`/<file_name(system)>.jsonl, and summarised (ORQA's exact match): system -> QAScore."""
+    for name, answers in answered.items():
+        answers.sort(key=lambda a: position[id(a.example)])
+        write_predictions(folder / f"{file_name(name)}.jsonl", answers)
+    return {n: summarise(a, RECALL_KS, answerers[n].k, "orqa", seconds[n]) for n, a in answered.items()}
+
+
 def arms_exact_match(
     fine_tuned: dict[str, tuple[Path, Path]],
     dev: Sequence[QAExample],
@@ -371,11 +379,8 @@ def arms_exact_match(
     limit = deadline.limit(least) if deadline is not None else None  # its pace timed from here
     answered, seconds = answer_until(answerers, offered, limit)
     position = {id(e): i for i, e in enumerate(dev)}
-    dense = {}
-    for stage, answers in answered.items():
-        answers.sort(key=lambda a: position[id(a.example)])
-        write_predictions(folder / f"{stage}.jsonl", answers)
-        dense[stage] = summarise(answers, RECALL_KS, answerers[stage].k, "orqa", seconds[stage]).to_dict()
+    scored = scored_in_file_order(answered, answerers, seconds, position, lambda stage: stage, folder)
+    dense = {stage: score.to_dict() for stage, score in scored.items()}
     until = limit.to_dict() if limit is not None else None
     questions = DevQuestions(len(next(iter(answered.values()))), len(dev), DEV_SAMPLE_SEED, len(offered), until)
     return {"questions": questions.to_dict(), "dense": dense}
